@@ -1,0 +1,116 @@
+"""The ``Env`` base class every labrl environment subclasses.
+
+An env instance runs one episode at a time (like a Gymnasium env); the
+harness makes one instance per concurrent episode, so per-episode state lives
+on ``self``. Heavy shared resources (a phase library, a calculator) belong in
+module-level caches, not in each instance.
+
+Subclasses implement ``make_task``, ``reset`` and ``step``; the framework's
+``BudgetedEnv`` wrapper (added by ``labrl.envs.make``) enforces the budgets in
+``spec.budgets`` around them. Inside an env:
+
+- raise ``InvalidActionError(msg)`` for an unusable action: the wrapper turns
+  it into an ``invalid_action`` step whose observation shows ``msg`` to the
+  model, with reward ``spec.invalid_action_reward`` when the episode ends;
+- compute rewards with ``await self.score(fn, *args)``: it applies the scoring
+  deadline, runs ``fn`` off the loop when asked, and turns any failure into
+  ``VerifierError`` (outcome ``verifier_failed``), never a silent 0;
+- raise ``TransientEnvError`` for infrastructure hiccups worth a retry;
+- wrap scarce resources in ``async with self.pool("lab"):``.
+
+``gold_actions(task)`` returns actions that score full reward, where the env
+knows the answer (the checker and the scripted policy use it);
+``random_action(task, rng)`` a plausible but uninformed action (for dry runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, ClassVar, TypeVar
+
+from labrl.envs.offload import run_cpu
+from labrl.envs.pools import get_pool
+from labrl.envs.types import Action, EnvSpec, Observation, Split, StepResult, Task
+from labrl.errors import ConfigError, EnvTimeoutError, VerifierError
+
+T = TypeVar("T")
+
+
+class Env(ABC):
+    """One async, possibly very slow, environment. See the module docstring."""
+
+    spec: EnvSpec
+    #: reward of an episode that ends on an invalid action
+    invalid_action_reward: ClassVar[float] = 0.0
+
+    @abstractmethod
+    def make_task(self, split: Split, seed: int) -> Task:
+        """The task for ``(split, seed)``: pure and deterministic; train and test disjoint."""
+
+    @abstractmethod
+    async def reset(self, task: Task) -> Observation:
+        """Start an episode on ``task``; returns the opening messages and tools."""
+
+    @abstractmethod
+    async def step(self, action: Action) -> StepResult:
+        """Apply the model's turn."""
+
+    async def close(self) -> None:
+        """Release per-instance resources (connections, subprocesses)."""
+        return None
+
+    def gold_actions(self, task: Task) -> Sequence[Action] | None:
+        """Actions that earn full reward on ``task``, or None when unknown."""
+        return None
+
+    def random_action(self, task: Task, rng: random.Random) -> Action:
+        """An uninformed action for dry runs; envs override with something on-format."""
+        return Action(text="".join(rng.choice("abcdefghij {}[]:,\"0123456789") for _ in range(rng.randint(0, 40))))
+
+    @property
+    def unwrapped(self) -> Env:
+        return self
+
+    # -- helpers for subclasses ------------------------------------------------
+
+    def pool(self, name: str) -> AbstractAsyncContextManager[Any]:
+        """The shared concurrency pool ``name`` declared in ``spec.budgets.pools``."""
+        pools = self.spec.budgets.pools
+        if name not in pools:
+            raise ConfigError(
+                f"{self.spec.id} uses concurrency pool {name!r} but its budgets declare only "
+                f"{sorted(pools)}: add it to Budgets(pools=...)"
+            )
+        return get_pool(name, pools[name])
+
+    async def score(
+        self,
+        fn: Callable[..., T] | Callable[..., Awaitable[T]],
+        *args: Any,
+        offload: bool = False,
+        **kwargs: Any,
+    ) -> T:
+        """Compute a reward under the scoring deadline; failures become ``VerifierError``.
+
+        ``fn`` may be a coroutine function (awaited), a plain function run
+        inline (fast scorers), or with ``offload=True`` a module-level function
+        run in the process pool (CPU-heavy scorers).
+        """
+        timeout = self.spec.budgets.scoring_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                if offload:
+                    return await run_cpu(fn, *args, **kwargs)  # type: ignore[arg-type]
+                if asyncio.iscoroutinefunction(fn):
+                    return await fn(*args, **kwargs)
+                return fn(*args, **kwargs)  # type: ignore[return-value]
+        except TimeoutError:
+            raise EnvTimeoutError(f"{self.spec.id}: scoring did not finish within {timeout:g} s") from None
+        except (VerifierError, EnvTimeoutError):
+            raise
+        except Exception as exc:
+            raise VerifierError(f"{self.spec.id}: scoring failed: {type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,111 @@
+"""The labrl exception tree.
+
+One root, ``LabrlError``; every category also subclasses the builtin a caller
+would reach for, so ``except ValueError`` still catches a bad config::
+
+    LabrlError
+    ├── ConfigError (ValueError)              bad config or argument: says what to fix
+    ├── RegistryError (LookupError)           unknown or duplicate env id
+    ├── EnvError (RuntimeError)               the environment itself failed -> outcome env_error
+    │   └── TransientEnvError                 infrastructure hiccup: retried within the budget
+    ├── InvalidActionError (ValueError)       the model's action is unusable -> outcome invalid_action
+    ├── VerifierError (RuntimeError)          scoring failed -> outcome verifier_failed (never a 0)
+    ├── EnvTimeoutError (TimeoutError)        a phase overran its deadline -> outcome timeout
+    ├── LabError (RuntimeError)               lab adapters (labrl.lab_adapters)
+    │   ├── LabTransportError (ConnectionError)
+    │   ├── LabTimeoutError (TimeoutError)
+    │   ├── LabStatusError                    unexpected HTTP status from the lab
+    │   └── LabRejectedError (ValueError)     the lab refused the request (4xx, conflict)
+    ├── JudgeError (RuntimeError)             rubric judges (labrl.verifiers.rubric)
+    ├── SamplerError (RuntimeError)           samplers (local, SGLang)
+    └── LearnerError (RuntimeError)           learners
+
+All are picklable (they cross process-pool and Ray boundaries): each keeps its
+constructor arguments in ``args`` so the default ``__reduce__`` rebuilds it.
+"""
+
+from __future__ import annotations
+
+
+class LabrlError(Exception):
+    """Root of every error labrl raises on purpose."""
+
+
+class ConfigError(LabrlError, ValueError):
+    """A config value or argument is wrong; the message names the field and the fix."""
+
+
+class RegistryError(LabrlError, LookupError):
+    """An env id is unknown, malformed or registered twice."""
+
+
+class EnvError(LabrlError, RuntimeError):
+    """The environment failed (a bug or a broken backend), not the model."""
+
+
+class TransientEnvError(EnvError):
+    """An infrastructure error worth retrying (connection reset, 503, busy worker)."""
+
+
+class InvalidActionError(LabrlError, ValueError):
+    """The model's action cannot be used; the message is shown to the model."""
+
+
+class VerifierError(LabrlError, RuntimeError):
+    """Scoring failed. The episode is masked from training, never scored 0."""
+
+
+class EnvTimeoutError(LabrlError, TimeoutError):
+    """A phase (reset, step, scoring) overran its deadline."""
+
+
+class LabError(LabrlError, RuntimeError):
+    """Root of lab-adapter errors."""
+
+
+class LabTransportError(LabError, ConnectionError):
+    """The lab could not be reached (connection refused, reset, DNS)."""
+
+
+class LabTimeoutError(LabError, TimeoutError):
+    """A call to the lab, or the wait for a job, overran its deadline."""
+
+
+class LabStatusError(LabError):
+    """The lab answered with an HTTP status the client did not expect."""
+
+
+class LabRejectedError(LabError, ValueError):
+    """The lab refused the request (bad payload, auth, idempotency conflict)."""
+
+
+class JudgeError(LabrlError, RuntimeError):
+    """A rubric judge failed or answered something that does not parse."""
+
+
+class SamplerError(LabrlError, RuntimeError):
+    """The sampler (local or remote inference engine) failed."""
+
+
+class LearnerError(LabrlError, RuntimeError):
+    """The learner failed (model build, checkpoint, train step)."""
+
+
+__all__ = [
+    "ConfigError",
+    "EnvError",
+    "EnvTimeoutError",
+    "InvalidActionError",
+    "JudgeError",
+    "LabError",
+    "LabRejectedError",
+    "LabStatusError",
+    "LabTimeoutError",
+    "LabTransportError",
+    "LabrlError",
+    "LearnerError",
+    "RegistryError",
+    "SamplerError",
+    "TransientEnvError",
+    "VerifierError",
+]
