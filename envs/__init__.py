@@ -1,5 +1,20 @@
-"""labrl.envs: the async Env contract, registry, checker and built-in envs."""
+"""labrl.envs: the async Env contract, registry, checker and built-in envs.
 
+::
+
+    from labrl.envs import make, run_episode
+    env = make("xrd/phase-id-v0")
+    task = env.make_task("train", seed=0)
+    episode = await run_episode(env, task, policy)   # policy: async (messages, tools) -> text
+"""
+
+from labrl.envs.actions import format_tool_call, parse_action
+from labrl.envs.base import Env
+from labrl.envs.budgets import BudgetedEnv
+from labrl.envs.checker import CheckReport, check_env, check_env_async
+from labrl.envs.offload import run_cpu, run_killable
+from labrl.envs.registry import deregister, load_plugins, make, register, registered_ids, spec
+from labrl.envs.runner import Episode, Policy, Turn, run_episode, scripted_policy
 from labrl.envs.types import (
     Action,
     Budgets,
@@ -15,13 +30,33 @@ from labrl.envs.types import (
 
 __all__ = [
     "Action",
+    "BudgetedEnv",
     "Budgets",
+    "CheckReport",
+    "Env",
     "EnvSpec",
+    "Episode",
     "Message",
     "Observation",
     "Outcome",
+    "Policy",
     "StepResult",
     "Task",
     "ToolCall",
     "ToolSpec",
+    "Turn",
+    "check_env",
+    "check_env_async",
+    "deregister",
+    "format_tool_call",
+    "load_plugins",
+    "make",
+    "parse_action",
+    "register",
+    "registered_ids",
+    "run_cpu",
+    "run_episode",
+    "run_killable",
+    "scripted_policy",
+    "spec",
 ]

@@ -13,9 +13,11 @@ would reach for, so ``except ValueError`` still catches a bad config::
     ├── EnvTimeoutError (TimeoutError)        a phase overran its deadline -> outcome timeout
     ├── LabError (RuntimeError)               lab adapters (labrl.lab_adapters)
     │   ├── LabTransportError (ConnectionError)
+    │   │   └── LabCircuitOpenError           the client's circuit breaker is open: not even tried
     │   ├── LabTimeoutError (TimeoutError)
     │   ├── LabStatusError                    unexpected HTTP status from the lab
-    │   └── LabRejectedError (ValueError)     the lab refused the request (4xx, conflict)
+    │   ├── LabRejectedError (ValueError)     the lab refused the request (4xx, conflict)
+    │   └── LabJobError                       the job ended without a result (failed, cancelled, expired)
     ├── JudgeError (RuntimeError)             rubric judges (labrl.verifiers.rubric)
     ├── SamplerError (RuntimeError)           samplers (local, SGLang)
     └── LearnerError (RuntimeError)           learners
@@ -79,6 +81,14 @@ class LabRejectedError(LabError, ValueError):
     """The lab refused the request (bad payload, auth, idempotency conflict)."""
 
 
+class LabCircuitOpenError(LabTransportError):
+    """The client's circuit breaker is open after repeated failures; the call was not made."""
+
+
+class LabJobError(LabError):
+    """The job has no result: it failed, was cancelled or expired, or is not finished yet."""
+
+
 class JudgeError(LabrlError, RuntimeError):
     """A rubric judge failed or answered something that does not parse."""
 
@@ -97,7 +107,9 @@ __all__ = [
     "EnvTimeoutError",
     "InvalidActionError",
     "JudgeError",
+    "LabCircuitOpenError",
     "LabError",
+    "LabJobError",
     "LabRejectedError",
     "LabStatusError",
     "LabTimeoutError",

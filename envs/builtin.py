@@ -1,0 +1,16 @@
+"""Registrations of the environments that ship with labrl.
+
+Entry points are lazy ``module:attr`` strings: listing envs imports nothing
+heavy. Third-party packages register theirs through the ``labrl.envs``
+entry-point group instead (see ``labrl.envs.registry``).
+"""
+
+from __future__ import annotations
+
+from labrl.envs.registry import register
+
+
+def register_builtin_envs() -> None:
+    # one line per env: register("ns/name-vN", entry_point="labrl.envs.pkg:Class", **defaults)
+    register("judged/science-qa-v0", entry_point="labrl.envs.judged:ScienceQAEnv")
+    pass

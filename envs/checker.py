@@ -1,0 +1,277 @@
+"""The contract checker behind ``labrl envs check ID``.
+
+Runs a registered env through the checks every env must pass and returns a
+machine-readable ``CheckReport``:
+
+- ``spec``: the spec is valid, its id is the registered id, it round-trips JSON;
+- ``determinism``: the same (split, seed) gives the same task, the same
+  opening observation, and the same reward for the same actions;
+- ``splits``: train and test tasks for the first seeds share no task id and
+  no content;
+- ``json``: tasks, observations and step results round-trip through JSON;
+- ``timeout``: a step made deliberately slow ends with outcome ``timeout``
+  at the step deadline (the framework's budget, not the env's goodwill);
+- ``invalid_action``: garbage actions give outcome ``invalid_action``, never
+  an exception or a scored answer;
+- ``gold``: where the env knows the answer, playing it earns full reward;
+- ``max_turns``: a random policy's episode ends within ``max_turns``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from labrl.envs.actions import parse_action
+from labrl.envs.base import Env
+from labrl.envs.registry import make
+from labrl.envs.runner import run_episode, scripted_policy
+from labrl.envs.types import Action, EnvSpec, Observation, Outcome, StepResult, Task
+
+GARBAGE_ACTIONS = (
+    "",
+    "\x00\x01\x02\x7f",
+    "{",
+    "<tool_call>{not json</tool_call>",
+    "}}}{{{ ]][[ \ufffd\ufffd",
+)
+FULL_REWARD = 1.0
+TIMEOUT_SLACK_S = 1.0
+
+
+class CheckResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    passed: bool
+    detail: str = ""
+    seconds: float = 0.0
+
+
+class CheckReport(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    env_id: str
+    passed: bool
+    checks: tuple[CheckResult, ...]
+
+
+class CheckFailed(AssertionError):
+    """A check's expectation was not met (the message says which)."""
+
+
+def _fingerprint(task: Task) -> str:
+    content = json.dumps({"prompt": task.prompt, "answer": task.answer}, sort_keys=True, default=str)
+    return hashlib.sha256(content.encode()).hexdigest()
+
+
+def _roundtrip(model: BaseModel) -> None:
+    again = type(model).model_validate_json(model.model_dump_json())
+    if again != model:
+        raise CheckFailed(f"{type(model).__name__} changes when round-tripped through JSON")
+
+
+class _Checker:
+    def __init__(self, env_id: str, seeds: int, make_kwargs: dict[str, Any]) -> None:
+        self.env_id = env_id
+        self.seeds = list(range(seeds))
+        self.make_kwargs = make_kwargs
+
+    def fresh(self, **budgets: Any) -> Env:
+        return make(self.env_id, budgets=budgets or None, **self.make_kwargs)
+
+    async def play(self, task: Task, actions: list[Action]) -> list[StepResult]:
+        env = self.fresh()
+        try:
+            await env.reset(task)
+            results = []
+            for action in actions:
+                result = await env.step(action)
+                results.append(result)
+                if result.done or result.truncated:
+                    break
+            return results
+        finally:
+            await env.close()
+
+    async def check_spec(self) -> str:
+        env = self.fresh()
+        try:
+            spec = env.spec
+        finally:
+            await env.close()
+        if spec.id != self.env_id:
+            raise CheckFailed(f"spec.id is {spec.id!r}, registered as {self.env_id!r}")
+        _roundtrip(spec)
+        EnvSpec.model_validate(spec.model_dump())
+        return f"version {spec.version}, max_turns {spec.budgets.max_turns}, {len(spec.tools)} tools"
+
+    async def check_determinism(self) -> str:
+        env = self.fresh()
+        try:
+            for split in ("train", "test"):
+                for seed in self.seeds[:3]:
+                    a, b = env.make_task(split, seed), env.make_task(split, seed)
+                    if a != b:
+                        raise CheckFailed(f"make_task({split!r}, {seed}) differs between two calls")
+        finally:
+            await env.close()
+        for seed in self.seeds[:3]:
+            task = env.make_task("train", seed)
+            envs = [self.fresh(), self.fresh()]
+            try:
+                obs = [await e.reset(task) for e in envs]
+            finally:
+                for e in envs:
+                    await e.close()
+            if obs[0] != obs[1]:
+                raise CheckFailed(f"reset on train seed {seed} gives different observations")
+            gold = env.gold_actions(task)
+            actions = list(gold) if gold else [env.random_action(task, random.Random(seed))]
+            first, second = await self.play(task, actions), await self.play(task, actions)
+            key = [(r.reward, r.outcome, r.done, r.truncated) for r in first]
+            if key != [(r.reward, r.outcome, r.done, r.truncated) for r in second]:
+                raise CheckFailed(f"the same actions on train seed {seed} give different results: {key}")
+        return f"{len(self.seeds[:3])} seeds x 2 splits"
+
+    async def check_splits(self) -> str:
+        env = self.fresh()
+        try:
+            train = [env.make_task("train", s) for s in self.seeds]
+            test = [env.make_task("test", s) for s in self.seeds]
+        finally:
+            await env.close()
+        if any(t.split != "train" for t in train) or any(t.split != "test" for t in test):
+            raise CheckFailed("make_task does not record the split it was asked for")
+        shared_ids = {t.task_id for t in train} & {t.task_id for t in test}
+        if shared_ids:
+            raise CheckFailed(f"train and test share task ids {sorted(shared_ids)[:3]}")
+        shared = {_fingerprint(t) for t in train} & {_fingerprint(t) for t in test}
+        if shared:
+            raise CheckFailed(f"{len(shared)} task(s) appear in both train and test with the same content")
+        return f"{len(self.seeds)} train vs {len(self.seeds)} test tasks disjoint"
+
+    async def check_json(self) -> str:
+        env = self.fresh()
+        try:
+            task = env.make_task("train", 0)
+            _roundtrip(task)
+            observation = await env.reset(task)
+            _roundtrip(observation)
+            result = await env.step(env.random_action(task, random.Random(0)))
+            _roundtrip(result)
+        finally:
+            await env.close()
+        Observation.model_validate_json(observation.model_dump_json())
+        return "task, observation, step result"
+
+    async def check_timeout(self) -> str:
+        deadline = 0.3
+        env = self.fresh(step_timeout_s=deadline)
+        inner = env.unwrapped
+        original_step = inner.step
+
+        async def slow_step(action: Action) -> StepResult:
+            await asyncio.sleep(60)
+            return await original_step(action)
+
+        inner.step = slow_step  # type: ignore[method-assign]
+        try:
+            task = env.make_task("train", 0)
+            await env.reset(task)
+            t0 = time.perf_counter()
+            result = await env.step(env.random_action(task, random.Random(0)))
+            elapsed = time.perf_counter() - t0
+        finally:
+            await env.close()
+        if result.outcome is not Outcome.TIMEOUT or result.reward is not None:
+            raise CheckFailed(f"a step slower than its deadline ended with {result.outcome.value}, reward {result.reward}")
+        if elapsed > deadline + TIMEOUT_SLACK_S:
+            raise CheckFailed(f"the slow step returned after {elapsed:.2f} s, deadline {deadline} s")
+        return f"timeout after {elapsed:.2f} s (deadline {deadline} s)"
+
+    async def check_invalid_action(self) -> str:
+        env = self.fresh()
+        try:
+            task = env.make_task("train", 0)
+        finally:
+            await env.close()
+        for text in GARBAGE_ACTIONS:
+            (result,) = await self.play(task, [parse_action(text)])
+            if result.outcome is not Outcome.INVALID_ACTION:
+                raise CheckFailed(f"garbage action {text!r} gave outcome {result.outcome.value}, not invalid_action")
+            if not result.observation.messages:
+                raise CheckFailed(f"garbage action {text!r} got no message telling the model what was wrong")
+        return f"{len(GARBAGE_ACTIONS)} garbage actions -> invalid_action"
+
+    async def check_gold(self) -> str:
+        env = self.fresh()
+        played = 0
+        try:
+            for seed in self.seeds[:3]:
+                task = env.make_task("test", seed)
+                gold = env.gold_actions(task)
+                if gold is None:
+                    continue
+                episode = await run_episode(self.fresh(), task, scripted_policy(list(gold)))
+                if episode.outcome is not Outcome.OK or episode.reward is None:
+                    raise CheckFailed(f"gold answer on test seed {seed} ended {episode.outcome.value}: {episode.error}")
+                if abs(episode.reward - FULL_REWARD) > 1e-6:
+                    raise CheckFailed(f"gold answer on test seed {seed} scored {episode.reward}, not {FULL_REWARD}")
+                played += 1
+        finally:
+            await env.close()
+        return f"gold scores {FULL_REWARD} on {played} tasks" if played else "env has no gold answer (skipped)"
+
+    async def check_max_turns(self) -> str:
+        env = self.fresh()
+        task = env.make_task("train", 1)
+        rng = random.Random(1)
+
+        async def random_policy(messages: Any, tools: Any) -> Action:
+            return env.random_action(task, rng)
+
+        episode = await run_episode(env, task, random_policy, max_turns=env.spec.budgets.max_turns + 5)
+        await env.close()
+        if episode.num_turns > env.spec.budgets.max_turns:
+            raise CheckFailed(f"episode ran {episode.num_turns} turns, max_turns is {env.spec.budgets.max_turns}")
+        return f"random episode ended after {episode.num_turns} turn(s), outcome {episode.outcome.value}"
+
+
+async def check_env_async(env_id: str, *, seeds: int = 8, **make_kwargs: Any) -> CheckReport:
+    checker = _Checker(env_id, seeds, make_kwargs)
+    checks: list[tuple[str, Callable[[], Awaitable[str]]]] = [
+        ("spec", checker.check_spec),
+        ("determinism", checker.check_determinism),
+        ("splits", checker.check_splits),
+        ("json", checker.check_json),
+        ("timeout", checker.check_timeout),
+        ("invalid_action", checker.check_invalid_action),
+        ("gold", checker.check_gold),
+        ("max_turns", checker.check_max_turns),
+    ]
+    results = []
+    for name, run in checks:
+        t0 = time.perf_counter()
+        try:
+            detail, passed = await run(), True
+        except CheckFailed as exc:
+            detail, passed = str(exc), False
+        except Exception as exc:
+            detail = f"raised {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"
+            passed = False
+        results.append(CheckResult(name=name, passed=passed, detail=detail, seconds=time.perf_counter() - t0))
+    return CheckReport(env_id=env_id, passed=all(r.passed for r in results), checks=tuple(results))
+
+
+def check_env(env_id: str, *, seeds: int = 8, **make_kwargs: Any) -> CheckReport:
+    """Run every contract check on ``env_id`` (see the module docstring)."""
+    return asyncio.run(check_env_async(env_id, seeds=seeds, **make_kwargs))

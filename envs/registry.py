@@ -1,0 +1,185 @@
+"""Register environments by versioned id and make them.
+
+::
+
+    register("xrd/phase-id-v0", entry_point="labrl.envs.xrd:PhaseIdEnv", tier=1)
+    env = make("xrd/phase-id-v0", tier=2, budgets={"step_timeout_s": 30})
+    spec("xrd/phase-id-v0")
+
+- Ids are ``namespace/name-vN``; a change of meaning gets a new N.
+- Entry points are lazy ``"module:attr"`` strings (or callables): nothing is
+  imported until ``make``.
+- ``make`` merges keyword defaults from ``register`` with overrides, builds
+  the env, applies ``budgets`` overrides to its spec and wraps it in
+  ``BudgetedEnv``. Unknown keyword arguments are a ``ConfigError`` that lists
+  the accepted ones.
+- Third-party packages register envs by being installed: each entry point in
+  the group ``labrl.envs`` maps an env id to a ``module:attr``::
+
+      [project.entry-points."labrl.envs"]
+      "mylab/titration-v0" = "mylab.envs:TitrationEnv"
+
+- An unknown id fails with the closest registered ids.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any
+
+from labrl.envs.base import Env
+from labrl.envs.budgets import BudgetedEnv
+from labrl.envs.types import ENV_ID_PATTERN, Budgets, EnvSpec
+from labrl.errors import ConfigError, RegistryError
+
+ENTRY_POINT_GROUP = "labrl.envs"
+
+EntryPoint = str | Callable[..., Env]
+
+
+@dataclass(frozen=True)
+class Registration:
+    id: str
+    entry_point: EntryPoint
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    source: str = "labrl"  # "labrl", or the distribution that registered it
+
+    def load(self) -> Callable[..., Env]:
+        if callable(self.entry_point):
+            return self.entry_point
+        module_name, _, attr = self.entry_point.partition(":")
+        if not attr:
+            raise RegistryError(f"entry point {self.entry_point!r} for {self.id} must look like 'module:attr'")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise RegistryError(f"cannot import {module_name!r} for env {self.id}: {exc}") from exc
+        try:
+            return getattr(module, attr)
+        except AttributeError:
+            raise RegistryError(f"module {module_name!r} has no {attr!r} (entry point of env {self.id})") from None
+
+
+_REGISTRY: dict[str, Registration] = {}
+_plugins_loaded = False
+
+
+def register(env_id: str, entry_point: EntryPoint, *, source: str = "labrl", **defaults: Any) -> None:
+    """Register ``env_id``; registering the same id twice is an error."""
+    if not ENV_ID_PATTERN.match(env_id):
+        raise RegistryError(f"env id {env_id!r} must look like 'namespace/name-vN' (lowercase, e.g. 'xrd/phase-id-v0')")
+    if env_id in _REGISTRY:
+        raise RegistryError(f"env {env_id!r} is already registered (by {_REGISTRY[env_id].source})")
+    _REGISTRY[env_id] = Registration(env_id, entry_point, dict(defaults), source)
+
+
+def deregister(env_id: str) -> None:
+    """Remove ``env_id`` (tests and interactive sessions)."""
+    _REGISTRY.pop(env_id, None)
+
+
+def _ensure_loaded() -> None:
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    from labrl.envs.builtin import register_builtin_envs
+
+    register_builtin_envs()
+    load_plugins()
+
+
+def load_plugins() -> list[str]:
+    """Register the envs that installed distributions declare in the ``labrl.envs`` group."""
+    added = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in _REGISTRY:
+            continue
+        dist = ep.dist.name if ep.dist is not None else "unknown distribution"
+        register(ep.name, ep.value, source=dist)
+        added.append(ep.name)
+    return added
+
+
+def registered_ids() -> list[str]:
+    _ensure_loaded()
+    return sorted(_REGISTRY)
+
+
+def registration(env_id: str) -> Registration:
+    _ensure_loaded()
+    try:
+        return _REGISTRY[env_id]
+    except KeyError:
+        raise RegistryError(_unknown_id_message(env_id)) from None
+
+
+def _unknown_id_message(env_id: str) -> str:
+    known = sorted(_REGISTRY)
+    base = env_id.rsplit("-v", 1)[0]
+    versions = [k for k in known if k.rsplit("-v", 1)[0] == base]
+    if versions:
+        return f"unknown env {env_id!r}; registered versions: {', '.join(versions)}"
+    close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    return f"unknown env {env_id!r}{hint} (see `labrl envs list`)"
+
+
+def _build(factory: Callable[..., Env], env_id: str, kwargs: dict[str, Any]) -> Env:
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        signature = None
+    if signature is not None and not any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
+        accepted = [n for n, p in signature.parameters.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        unknown = sorted(set(kwargs) - set(accepted))
+        if unknown:
+            hints = []
+            for name in unknown:
+                close = difflib.get_close_matches(name, accepted, n=1)
+                hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+            raise ConfigError(
+                f"{env_id} does not accept option(s) {', '.join(hints)}; accepted: {', '.join(accepted) or 'none'}"
+            )
+    env = factory(**kwargs)
+    if not isinstance(env, Env):
+        raise RegistryError(f"entry point of {env_id} returned {type(env).__name__}, not a labrl.envs.Env")
+    return env
+
+
+def make(env_id: str, *, budgets: Mapping[str, Any] | None = None, checked: bool = True, **overrides: Any) -> Env:
+    """Build ``env_id`` with registered defaults and ``overrides``, wrapped in ``BudgetedEnv``.
+
+    ``budgets`` overrides fields of ``spec.budgets`` (e.g. ``{"step_timeout_s": 30}``);
+    ``checked=False`` returns the bare env (for the checker and tests).
+    """
+    reg = registration(env_id)
+    env = _build(reg.load(), env_id, {**reg.defaults, **overrides})
+    spec = getattr(env, "spec", None)
+    if not isinstance(spec, EnvSpec):
+        raise RegistryError(f"{env_id}: env class {type(env).__name__} has no EnvSpec in .spec")
+    if spec.id != env_id:
+        raise RegistryError(f"env registered as {env_id!r} reports spec.id {spec.id!r}; they must match")
+    if budgets:
+        env.spec = spec.model_copy(update={"budgets": _merge_budgets(spec.budgets, budgets, env_id)})
+    return BudgetedEnv(env) if checked else env
+
+
+def _merge_budgets(current: Budgets, overrides: Mapping[str, Any], env_id: str) -> Budgets:
+    unknown = sorted(set(overrides) - set(Budgets.model_fields))
+    if unknown:
+        raise ConfigError(f"{env_id}: unknown budget field(s) {unknown}; known: {sorted(Budgets.model_fields)}")
+    try:
+        return Budgets.model_validate({**current.model_dump(), **overrides})
+    except ValueError as exc:
+        raise ConfigError(f"{env_id}: invalid budgets override: {exc}") from exc
+
+
+def spec(env_id: str) -> EnvSpec:
+    """The spec of ``env_id`` (builds the env once with its registered defaults)."""
+    return make(env_id, checked=False).spec

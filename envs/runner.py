@@ -1,0 +1,131 @@
+"""Drive one episode of any env with a policy.
+
+A policy is an async callable ``(messages, tools) -> str | Action``: a
+scripted answer, a random baseline, a chat model behind HTTP, or the
+harness's token-recording sampler wrapper. The runner owns the loop::
+
+    obs = reset(task); messages = obs.messages
+    repeat: text = policy(messages, tools); result = step(parse(text));
+            messages += [assistant text, *result.observation.messages]
+    until done or truncated
+
+and returns an ``Episode`` record: transcript, per-turn results, the final
+outcome and reward, and timings split into policy time and env time (the
+split the pipeline's metrics need).
+
+Failures of the env are data (outcome ``timeout`` / ``env_error`` /
+``verifier_failed`` with ``reward=None``); failures of the policy are the
+caller's bugs and propagate.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from labrl.envs.actions import parse_action
+from labrl.envs.base import Env
+from labrl.envs.types import Action, Message, Outcome, StepResult, Task, ToolSpec
+from labrl.errors import EnvError, EnvTimeoutError
+
+Policy = Callable[[Sequence[Message], Sequence[ToolSpec]], Awaitable[str | Action]]
+
+
+class Turn(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    action: Action
+    result: StepResult
+    policy_s: float
+    env_s: float
+
+
+class Episode(BaseModel):
+    """What happened in one episode (JSON round-trips)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    env_id: str
+    task: Task
+    messages: tuple[Message, ...]
+    turns: tuple[Turn, ...]
+    outcome: Outcome
+    reward: float | None = Field(description="sum of step rewards; None if the outcome is not trainable")
+    done: bool
+    truncated: bool
+    timings: dict[str, float]
+    error: str | None = None
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turns)
+
+
+async def run_episode(env: Env, task: Task, policy: Policy, *, max_turns: int | None = None) -> Episode:
+    """Play ``task`` on ``env`` (ideally a ``BudgetedEnv`` from ``make``) with ``policy``."""
+    started = time.perf_counter()
+    try:
+        observation = await env.reset(task)
+    except (EnvTimeoutError, EnvError) as exc:
+        outcome = Outcome.TIMEOUT if isinstance(exc, EnvTimeoutError) else Outcome.ENV_ERROR
+        elapsed = time.perf_counter() - started
+        return Episode(
+            env_id=env.spec.id, task=task, messages=(), turns=(), outcome=outcome, reward=None,
+            done=True, truncated=False, timings={"reset_s": elapsed, "policy_s": 0.0, "env_s": elapsed},
+            error=f"{type(exc).__name__}: {exc}",
+        )  # fmt: skip
+    reset_s = time.perf_counter() - started
+    messages = list(observation.messages)
+    tools: Sequence[ToolSpec] = observation.tools or env.spec.tools
+    turns: list[Turn] = []
+    limit = max_turns if max_turns is not None else env.spec.budgets.max_turns
+    result = StepResult()
+    while len(turns) < limit:
+        t0 = time.perf_counter()
+        reply = await policy(tuple(messages), tuple(tools))
+        t1 = time.perf_counter()
+        action = reply if isinstance(reply, Action) else parse_action(reply)
+        result = await env.step(action)
+        t2 = time.perf_counter()
+        turns.append(Turn(action=action, result=result, policy_s=t1 - t0, env_s=t2 - t1))
+        messages.append(Message(role="assistant", content=action.text))
+        messages.extend(result.observation.messages)
+        if result.observation.tools:
+            tools = result.observation.tools
+        if result.done or result.truncated:
+            break
+    outcome = result.outcome
+    rewards = [t.result.reward for t in turns if t.result.reward is not None]
+    reward = float(sum(rewards)) if outcome.trainable and rewards else None
+    if outcome.trainable and reward is None:
+        reward = 0.0  # the episode ran out of turns before the env scored it
+    return Episode(
+        env_id=env.spec.id,
+        task=task,
+        messages=tuple(messages),
+        turns=tuple(turns),
+        outcome=outcome,
+        reward=reward,
+        done=result.done,
+        truncated=result.truncated or not (result.done or result.truncated),
+        timings={
+            "reset_s": reset_s,
+            "policy_s": sum(t.policy_s for t in turns),
+            "env_s": reset_s + sum(t.env_s for t in turns),
+        },
+        error=result.info.get("error") if not outcome.trainable else None,
+    )
+
+
+def scripted_policy(actions: Sequence[Action | str]) -> Policy:
+    """A policy that plays ``actions`` in order (the env's gold answer, a test script)."""
+    queue = list(actions)
+
+    async def play(messages: Sequence[Message], tools: Sequence[ToolSpec]) -> Action | str:
+        if not queue:
+            raise EnvError("scripted policy ran out of actions before the episode ended")
+        return queue.pop(0)
+
+    return play

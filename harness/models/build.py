@@ -1,0 +1,138 @@
+"""Build megatron-core GPT models with MoE layers, on CPU or GPU.
+
+``ensure_model_parallel`` initialises torch.distributed and megatron-core's
+parallel state once per process and is safe to call again (tests build many
+learners and samplers in one process). A single-process run rendezvous
+through a private file store, so concurrent processes never fight over a TCP
+port; a multi-process launch (``torchrun``: RANK/WORLD_SIZE in the
+environment) uses ``env://``.
+
+On CPU: the local layer spec, gloo, and the workarounds of
+``labrl.harness.models.cpu_compat``. On GPU: the TransformerEngine spec and
+nccl.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+
+import torch
+
+from labrl.errors import ConfigError
+from labrl.harness.models.config import MoEModelConfig, ParallelConfig
+from labrl.harness.models.cpu_compat import apply_cpu_workarounds, cuda_available
+
+_init_lock = threading.Lock()
+
+
+def ensure_model_parallel(parallel: ParallelConfig) -> None:
+    """Initialise torch.distributed and megatron-core model parallelism once."""
+    from megatron.core import parallel_state
+
+    with _init_lock:
+        cpu = not cuda_available()
+        if cpu:
+            apply_cpu_workarounds()
+        if not torch.distributed.is_initialized():
+            if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+                torch.distributed.init_process_group(backend="gloo" if cpu else "nccl", init_method="env://")
+            else:
+                store_dir = tempfile.mkdtemp(prefix="labrl-dist-")
+                torch.distributed.init_process_group(
+                    backend="gloo" if cpu else "nccl",
+                    init_method=f"file://{store_dir}/store",
+                    rank=0,
+                    world_size=1,
+                )
+        wanted = (parallel.tensor_parallel, parallel.pipeline_parallel, parallel.expert_parallel)
+        if parallel_state.model_parallel_is_initialized():
+            have = (
+                parallel_state.get_tensor_model_parallel_world_size(),
+                parallel_state.get_pipeline_model_parallel_world_size(),
+                parallel_state.get_expert_model_parallel_world_size(),
+            )
+            if have != wanted:
+                raise ConfigError(
+                    f"model parallelism already initialised as (tp, pp, ep)={have} in this process; "
+                    f"requested {wanted}: use the same ParallelConfig for every model in one process"
+                )
+            return
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=parallel.tensor_parallel,
+            pipeline_model_parallel_size=parallel.pipeline_parallel,
+            expert_model_parallel_size=parallel.expert_parallel,
+        )
+        if not cpu:
+            from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+            model_parallel_cuda_manual_seed(0)
+
+
+def build_gpt_model(
+    config: MoEModelConfig,
+    parallel: ParallelConfig | None = None,
+    *,
+    seed: int = 0,
+    routing_replay: bool = True,
+):
+    """A megatron-core ``GPTModel`` of shape ``config`` (fp32 parameters).
+
+    Every MoE router gets its own ``RouterReplay`` (``routing_replay=True``),
+    detached from megatron-core's process-wide registry: a learner and a
+    sampler live in one process, and the registry's static setters would
+    drive both models' routers at once. ``labrl.harness.models.routing``
+    drives one model's routers.
+    """
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_layer_local_spec,
+        get_gpt_layer_with_transformer_engine_spec,
+    )
+    from megatron.core.transformer.moe.router_replay import RouterReplay
+
+    parallel = parallel or ParallelConfig()
+    ensure_model_parallel(parallel)
+    cpu = not cuda_available()
+    tconfig = config.transformer_config(parallel, cpu=cpu, routing_replay=routing_replay)
+    if cpu:
+        spec = get_gpt_layer_local_spec(
+            num_experts=config.num_experts, moe_grouped_gemm=False, qk_layernorm=config.qk_layernorm
+        )
+    else:
+        spec = get_gpt_layer_with_transformer_engine_spec(
+            num_experts=config.num_experts, moe_grouped_gemm=True, qk_layernorm=config.qk_layernorm
+        )
+    before = list(RouterReplay.global_router_replay_instances)
+    # Parameters are initialised from torch's default generator on CPU.
+    fork = torch.random.fork_rng(devices=[])
+    with fork:
+        torch.manual_seed(seed)
+        model = GPTModel(
+            config=tconfig,
+            transformer_layer_spec=spec,
+            vocab_size=config.vocab_size,
+            max_sequence_length=config.max_sequence_length,
+            position_embedding_type="rope",
+            rotary_base=config.rotary_base,
+            share_embeddings_and_output_weights=config.tie_embeddings,
+            parallel_output=False,
+        )
+    RouterReplay.global_router_replay_instances[:] = before
+    if not cpu:
+        model = model.cuda()
+    return model
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def causal_attention_mask(num_tokens: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Bool ``[1, 1, T, T]``, True where attention is blocked (future keys).
+
+    Always passed explicitly: megatron-core's default causal mask
+    (megatron/core/transformer/utils.py: get_default_causal_mask) is built on CUDA.
+    """
+    return torch.triu(torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=device), diagonal=1)[None, None]

@@ -1,0 +1,198 @@
+"""Typed model configs: the shape of a GPT model with mixture-of-experts layers.
+
+A preset names a shape (``tiny-moe`` for CPU runs and tests, the shapes of
+real MoE families for GPU runs); ``ParallelConfig`` carries the TP/EP/PP sizes
+that megatron-core's ``initialize_model_parallel`` receives unchanged.
+``MoEModelConfig.transformer_config()`` is the single place that turns our
+config into megatron-core's ``TransformerConfig``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from labrl.errors import ConfigError
+
+Precision = Literal["fp32", "bf16"]
+
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+class ParallelConfig(BaseModel):
+    """Model-parallel sizes passed through to megatron-core."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tensor_parallel: int = Field(default=1, ge=1)
+    pipeline_parallel: int = Field(default=1, ge=1)
+    expert_parallel: int = Field(default=1, ge=1)
+
+
+class MoEModelConfig(BaseModel):
+    """A decoder-only GPT with RoPE, RMSNorm, SwiGLU and top-k routed experts."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    num_layers: int = Field(ge=1)
+    hidden_size: int = Field(ge=8)
+    num_attention_heads: int = Field(ge=1)
+    num_query_groups: int | None = Field(default=None, ge=1, description="None = multi-head attention")
+    kv_channels: int | None = Field(default=None, ge=1, description="head dim; None = hidden/heads")
+    ffn_hidden_size: int = Field(ge=1, description="dense MLP width (layers that are not MoE)")
+    num_experts: int = Field(ge=2)
+    moe_router_topk: int = Field(ge=1)
+    moe_ffn_hidden_size: int = Field(ge=1)
+    moe_layer_freq: int = Field(default=1, ge=1, description="every n-th layer is MoE (1 = all)")
+    moe_aux_loss_coeff: float = Field(default=0.0, ge=0.0)
+    qk_layernorm: bool = False
+    vocab_size: int = Field(ge=2)
+    max_sequence_length: int = Field(ge=8)
+    rotary_base: int = Field(default=10000, ge=1)
+    init_method_std: float = Field(default=0.02, gt=0)
+    tie_embeddings: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> MoEModelConfig:
+        if self.moe_router_topk > self.num_experts:
+            raise ValueError(
+                f"moe_router_topk={self.moe_router_topk} exceeds num_experts={self.num_experts}: lower moe_router_topk"
+            )
+        if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
+                f"{self.num_attention_heads}: set kv_channels or change the head count"
+            )
+        if self.num_query_groups is not None and self.num_attention_heads % self.num_query_groups:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} is not divisible by num_query_groups="
+                f"{self.num_query_groups}"
+            )
+        return self
+
+    @property
+    def moe_layer_indices(self) -> list[int]:
+        """0-based indices of the layers that carry a router."""
+        return [i for i in range(self.num_layers) if i % self.moe_layer_freq == 0]
+
+    @property
+    def num_moe_layers(self) -> int:
+        return len(self.moe_layer_indices)
+
+    def transformer_config(self, parallel: ParallelConfig, *, cpu: bool, routing_replay: bool = True):
+        """megatron-core ``TransformerConfig`` for this shape.
+
+        ``cpu=True`` selects the ``allgather`` token dispatcher: ``alltoall``
+        creates a CUDA stream in its ``__init__``
+        (megatron/core/transformer/moe/token_dispatcher.py). Router fusion stays
+        off: the fused top-k kernel bypasses RouterReplay.
+        """
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        if cpu and (parallel.tensor_parallel, parallel.pipeline_parallel, parallel.expert_parallel) != (1, 1, 1):
+            raise ConfigError(
+                f"model parallelism {parallel.model_dump()} needs CUDA: on CPU set tensor_parallel, "
+                "pipeline_parallel and expert_parallel to 1"
+            )
+        layer_freq: int | list[int] = (
+            1 if self.moe_layer_freq == 1 else [int(i in self.moe_layer_indices) for i in range(self.num_layers)]
+        )
+        return TransformerConfig(
+            num_layers=self.num_layers,
+            hidden_size=self.hidden_size,
+            num_attention_heads=self.num_attention_heads,
+            num_query_groups=self.num_query_groups,
+            kv_channels=self.kv_channels,
+            ffn_hidden_size=self.ffn_hidden_size,
+            num_moe_experts=self.num_experts,
+            moe_router_topk=self.moe_router_topk,
+            moe_ffn_hidden_size=self.moe_ffn_hidden_size,
+            moe_layer_freq=layer_freq,
+            moe_aux_loss_coeff=self.moe_aux_loss_coeff,
+            moe_router_load_balancing_type="aux_loss" if self.moe_aux_loss_coeff > 0 else "none",
+            moe_token_dispatcher_type="allgather" if cpu else "alltoall",
+            moe_grouped_gemm=not cpu,
+            moe_router_fusion=False,
+            moe_enable_routing_replay=routing_replay,
+            qk_layernorm=self.qk_layernorm,
+            normalization="RMSNorm",
+            gated_linear_unit=True,
+            activation_func=torch.nn.functional.silu,
+            add_bias_linear=False,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            init_method_std=self.init_method_std,
+            tensor_model_parallel_size=parallel.tensor_parallel,
+            pipeline_model_parallel_size=parallel.pipeline_parallel,
+            expert_model_parallel_size=parallel.expert_parallel,
+            sequence_parallel=parallel.tensor_parallel > 1,
+            use_cpu_initialization=cpu,
+            masked_softmax_fusion=False,
+            bias_activation_fusion=False,
+            bias_dropout_fusion=False,
+            apply_rope_fusion=False,
+            gradient_accumulation_fusion=False,
+            persist_layer_norm=False,
+            attention_softmax_in_fp32=True,
+        )
+
+
+PRESETS: dict[str, MoEModelConfig] = {
+    # Trains on 2 CPU cores: ~2.4M parameters; vocab = 256 bytes + 8 specials
+    # of labrl.harness.tokenizer.ByteTokenizer.
+    "tiny-moe": MoEModelConfig(
+        name="tiny-moe",
+        num_layers=4,
+        hidden_size=128,
+        num_attention_heads=4,
+        ffn_hidden_size=256,
+        num_experts=8,
+        moe_router_topk=2,
+        moe_ffn_hidden_size=256,
+        vocab_size=264,
+        max_sequence_length=2048,
+    ),
+    # Shapes of real MoE families (GPU); weights come from a local checkpoint.
+    "qwen3-30b-a3b": MoEModelConfig(
+        name="qwen3-30b-a3b",
+        num_layers=48,
+        hidden_size=2048,
+        num_attention_heads=32,
+        num_query_groups=4,
+        kv_channels=128,
+        ffn_hidden_size=6144,
+        num_experts=128,
+        moe_router_topk=8,
+        moe_ffn_hidden_size=768,
+        qk_layernorm=True,
+        vocab_size=151936,
+        max_sequence_length=40960,
+        rotary_base=1000000,
+        moe_aux_loss_coeff=0.001,
+    ),
+    "mixtral-8x7b": MoEModelConfig(
+        name="mixtral-8x7b",
+        num_layers=32,
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_query_groups=8,
+        ffn_hidden_size=14336,
+        num_experts=8,
+        moe_router_topk=2,
+        moe_ffn_hidden_size=14336,
+        vocab_size=32000,
+        max_sequence_length=32768,
+        rotary_base=1000000,
+        moe_aux_loss_coeff=0.02,
+    ),
+}
+
+
+def get_preset(name: str) -> MoEModelConfig:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ConfigError(f"unknown model preset {name!r}; known presets: {sorted(PRESETS)}") from None

@@ -1,0 +1,131 @@
+"""Workarounds that let megatron-core 0.16.1 run a GPTModel with MoE layers on CPU.
+
+megatron-core assumes CUDA in a handful of places. Each workaround below names
+the upstream spot it covers; ``apply_cpu_workarounds()`` installs them only
+when CUDA is unavailable, once per process, and never touches a GPU run.
+
+1. ``megatron/core/utils.py: GlobalMemoryBuffer.get_tensor`` allocates its
+   scratch buffer (used by the local ``DotProductAttention`` for ``baddbmm``)
+   on ``torch.cuda.current_device()``. Replaced by a fresh CPU allocation per
+   call: the one process-wide buffer would otherwise be shared by the learner
+   and the sampler, which run forward passes in different threads.
+2. ``megatron/core/tensor_parallel/random.py: CudaRNGStatesTracker.fork``
+   swaps CUDA RNG states around dropout. On CPU the tracker is re-created as
+   megatron's own inference tracker, whose ``fork`` is a no-op context (the
+   presets use dropout 0, so no RNG stream is lost).
+3. ``megatron/core/transformer/moe/moe_utils.py: RouterGatingLinearFunction``
+   tests ``te_general_gemm is not None``, a name only bound when
+   TransformerEngine imports: NameError without it. Bound to None so the
+   plain ``torch.mm`` path runs.
+4. ``megatron/core/transformer/moe/router.py: Router.gating`` moves CPU
+   weights to ``torch.cuda.current_device()`` on every call. Replaced by the
+   same computation without the move.
+5. ``megatron/core/transformer/attention.py: Attention._allocate_memory``
+   (static-batching KV cache) allocates on ``torch.cuda.current_device()``.
+   Replaced by a CPU allocation of the same shape.
+6. ``megatron/core/models/common/embeddings/rotary_pos_embedding.py:
+   RotaryEmbedding.get_emb`` moves ``inv_freq`` to
+   ``torch.cuda.current_device()`` on first use. Replaced by the same
+   computation on the buffer's own device.
+
+The MoE token dispatcher ``alltoall`` creates a CUDA stream in ``__init__``:
+that one is a config choice (``allgather`` on CPU), enforced by
+``labrl.harness.models.config.MoEModelConfig.transformer_config``.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+_lock = threading.Lock()
+_applied = False
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def apply_cpu_workarounds() -> bool:
+    """Install the CPU workarounds once; returns True when they are active."""
+    global _applied
+    if cuda_available():
+        return False
+    with _lock:
+        if _applied:
+            return True
+        _patch_global_memory_buffer()
+        _patch_rng_tracker()
+        _patch_router_gating_gemm()
+        _patch_router_gating_device()
+        _patch_kv_cache_allocation()
+        _patch_rotary_embedding()
+        _applied = True
+    return True
+
+
+def _patch_global_memory_buffer() -> None:
+    from megatron.core import utils
+
+    def get_tensor(self, tensor_shape, dtype, name, mem_alloc_context=None):  # type: ignore[no-untyped-def]
+        return torch.empty(tuple(tensor_shape), dtype=dtype, device="cpu", requires_grad=False)
+
+    utils.GlobalMemoryBuffer.get_tensor = get_tensor
+
+
+def _patch_rng_tracker() -> None:
+    from megatron.core.tensor_parallel import random
+
+    random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+
+
+def _patch_router_gating_gemm() -> None:
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
+def _patch_router_gating_device() -> None:
+    from megatron.core.transformer.moe import router
+
+    def gating(self, input: torch.Tensor) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        router_dtype = input.dtype
+        if self.config.moe_router_dtype == "fp32":
+            router_dtype = torch.float32
+        elif self.config.moe_router_dtype == "fp64":
+            router_dtype = torch.float64
+        return router.router_gating_linear(input, self.weight, self.bias, router_dtype)
+
+    router.Router.gating = gating
+
+
+def _patch_kv_cache_allocation() -> None:
+    from megatron.core.transformer import attention
+
+    def _allocate_memory(self, inference_max_sequence_length, batch_size, dim, dtype):  # type: ignore[no-untyped-def]
+        return torch.empty(
+            inference_max_sequence_length,
+            batch_size,
+            self.num_query_groups_per_partition,
+            dim,
+            dtype=dtype,
+            device="cpu",
+        )
+
+    attention.Attention._allocate_memory = _allocate_memory
+
+
+def _patch_rotary_embedding() -> None:
+    from megatron.core.models.common.embeddings import rotary_pos_embedding
+
+    def get_emb(self, max_seq_len: int, offset: int = 0) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        freqs = self.get_freqs_non_repeated(max_seq_len, offset)
+        if not self.rotary_interleaved:
+            emb = torch.cat((freqs, freqs), dim=-1)
+        else:
+            emb = torch.stack((freqs.view(-1, 1), freqs.view(-1, 1)), dim=-1).view(freqs.shape[0], -1)
+        return emb[:, None, None, :]  # (S, 1, 1, dim)
+
+    rotary_pos_embedding.RotaryEmbedding.get_emb = get_emb

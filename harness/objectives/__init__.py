@@ -1,0 +1,77 @@
+"""labrl.harness.objectives: off-policy RL objectives as pure torch functions.
+
+One typed config (``ObjectiveConfig``) composes an advantage estimator, a
+policy loss, behaviour-policy corrections and an aggregation mode. The learner
+calls ``prepare`` once per global batch (no grad) and ``policy_loss`` per
+micro-batch; see ``_objective`` for the flow and docs/objectives.md for the
+formulas. Each building block is also exported as a plain function so it can
+be tested and reused on its own.
+"""
+
+from ._advantages import (
+    GroupStats,
+    compute_advantages,
+    dr_grpo_advantages,
+    group_stats,
+    grpo_advantages,
+    rloo_advantages,
+    whiten_advantages,
+)
+from ._aggregation import aggregate, global_denominator
+from ._config import M2PO, TIS, Correction, GeoMask, ObjectiveConfig, TokenMask, Veto
+from ._corrections import (
+    M2POResult,
+    geo_mask,
+    m2po_mask,
+    tis_sequence_weights,
+    tis_token_weights,
+    token_mask,
+    veto_mask,
+)
+from ._diagnostics import effective_sample_size, mismatch_kl, quantiles, ratio_stats, staleness_stats
+from ._kl import kl_estimate
+from ._losses import TokenLoss, cispo_loss, gspo_loss, ppo_loss, reinforce_loss, sequence_log_ratio
+from ._objective import ObjectiveInputs, PreparedBatch, combine_metrics, policy_loss, prepare
+
+__all__ = [
+    "M2PO",
+    "TIS",
+    "Correction",
+    "GeoMask",
+    "GroupStats",
+    "M2POResult",
+    "ObjectiveConfig",
+    "ObjectiveInputs",
+    "PreparedBatch",
+    "TokenLoss",
+    "TokenMask",
+    "Veto",
+    "aggregate",
+    "cispo_loss",
+    "combine_metrics",
+    "compute_advantages",
+    "dr_grpo_advantages",
+    "effective_sample_size",
+    "geo_mask",
+    "global_denominator",
+    "group_stats",
+    "grpo_advantages",
+    "gspo_loss",
+    "kl_estimate",
+    "m2po_mask",
+    "mismatch_kl",
+    "policy_loss",
+    "ppo_loss",
+    "prepare",
+    "quantiles",
+    "ratio_stats",
+    "reinforce_loss",
+    "rloo_advantages",
+    "sequence_log_ratio",
+    "staleness_stats",
+    "tis_sequence_weights",
+    "tis_token_weights",
+    "token_mask",
+    "veto_mask",
+    "whiten_advantages",
+]

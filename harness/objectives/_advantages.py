@@ -1,0 +1,125 @@
+"""Sequence advantages from scalar rewards and group ids.
+
+A group is the set of trajectories sampled for one task (same ``group_id``).
+With ``R`` the rewards, ``mean_g`` / ``std_g`` the group mean and unbiased
+standard deviation (Bessel-corrected, as torch.std; 0 for groups of one), and
+``n_g`` the group size:
+
+    grpo     A_i = (R_i - mean_g) / (std_g + eps)
+    dr_grpo  A_i =  R_i - mean_g                               (no std: Dr.GRPO)
+    rloo     A_i =  R_i - mean_{j != i in g} R_j = n_g / (n_g - 1) * (R_i - mean_g);  0 if n_g = 1
+    whiten   A_i = (R_i - mean_B) / (std_B + eps)              (batch whitening, REINFORCE++)
+
+A group whose rewards are all equal (including a group of one) carries no
+learning signal under any group baseline: its advantages are exactly 0 and it is
+counted in the ``adv/zero_variance_*`` diagnostics so the buffer's dynamic
+sampling can be judged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from labrl.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    """Per-sequence views of the group statistics (all shape (B,))."""
+
+    mean_B: torch.Tensor
+    std_B: torch.Tensor  # unbiased; 0 for groups of one
+    size_B: torch.Tensor  # float
+    zero_variance_B: torch.Tensor  # bool
+    num_groups: int
+    num_zero_variance_groups: int
+
+
+def group_stats(rewards_B: torch.Tensor, group_ids_B: torch.Tensor) -> GroupStats:
+    """Group mean / unbiased std / size broadcast back to each sequence."""
+    rewards = rewards_B.to(torch.float64)
+    _, inverse_B = torch.unique(group_ids_B, return_inverse=True)
+    num_groups = int(inverse_B.max().item()) + 1 if inverse_B.numel() else 0
+    size_G = torch.zeros(num_groups, dtype=torch.float64).scatter_add_(0, inverse_B, torch.ones_like(rewards))
+    sum_G = torch.zeros(num_groups, dtype=torch.float64).scatter_add_(0, inverse_B, rewards)
+    mean_G = sum_G / size_G
+    dev_B = rewards - mean_G[inverse_B]
+    ss_G = torch.zeros(num_groups, dtype=torch.float64).scatter_add_(0, inverse_B, dev_B.square())
+    std_G = torch.where(size_G > 1, (ss_G / (size_G - 1).clamp(min=1)).sqrt(), torch.zeros_like(ss_G))
+    # Exact equality of rewards, not a tolerance: 0/1 rewards are the common case.
+    max_G = torch.full((num_groups,), -torch.inf, dtype=torch.float64).scatter_reduce_(
+        0, inverse_B, rewards, "amax"
+    )
+    min_G = torch.full((num_groups,), torch.inf, dtype=torch.float64).scatter_reduce_(
+        0, inverse_B, rewards, "amin"
+    )
+    zero_G = max_G == min_G
+    return GroupStats(
+        mean_B=mean_G[inverse_B],
+        std_B=std_G[inverse_B],
+        size_B=size_G[inverse_B],
+        zero_variance_B=zero_G[inverse_B],
+        num_groups=num_groups,
+        num_zero_variance_groups=int(zero_G.sum().item()),
+    )
+
+
+def grpo_advantages(rewards_B: torch.Tensor, group_ids_B: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``A_i = (R_i - mean_g) / (std_g + eps)``; exactly 0 in zero-variance groups."""
+    s = group_stats(rewards_B, group_ids_B)
+    adv = (rewards_B.to(torch.float64) - s.mean_B) / (s.std_B + eps)
+    return torch.where(s.zero_variance_B, 0.0, adv).to(rewards_B.dtype)
+
+
+def dr_grpo_advantages(rewards_B: torch.Tensor, group_ids_B: torch.Tensor) -> torch.Tensor:
+    """``A_i = R_i - mean_g`` (Dr.GRPO: no std normalisation)."""
+    s = group_stats(rewards_B, group_ids_B)
+    adv = rewards_B.to(torch.float64) - s.mean_B
+    return torch.where(s.zero_variance_B, 0.0, adv).to(rewards_B.dtype)
+
+
+def rloo_advantages(rewards_B: torch.Tensor, group_ids_B: torch.Tensor) -> torch.Tensor:
+    """``A_i = R_i - mean_{j != i} R_j = n_g / (n_g - 1) * (R_i - mean_g)``; 0 for groups of one."""
+    s = group_stats(rewards_B, group_ids_B)
+    scale = torch.where(s.size_B > 1, s.size_B / (s.size_B - 1).clamp(min=1), 0.0)
+    adv = scale * (rewards_B.to(torch.float64) - s.mean_B)
+    return torch.where(s.zero_variance_B, 0.0, adv).to(rewards_B.dtype)
+
+
+def whiten_advantages(rewards_B: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``A_i = (R_i - mean_B) / (std_B + eps)`` over the whole batch (unbiased std; 0 for B = 1)."""
+    rewards = rewards_B.to(torch.float64)
+    if rewards.numel() < 2:
+        return torch.zeros_like(rewards_B)
+    adv = (rewards - rewards.mean()) / (rewards.std() + eps)
+    return adv.to(rewards_B.dtype)
+
+
+def compute_advantages(
+    kind: str, rewards_B: torch.Tensor, group_ids_B: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Advantages of the configured kind plus ``adv/*`` diagnostics (zero-variance groups)."""
+    if kind == "grpo":
+        adv_B = grpo_advantages(rewards_B, group_ids_B, eps)
+    elif kind == "dr_grpo":
+        adv_B = dr_grpo_advantages(rewards_B, group_ids_B)
+    elif kind == "rloo":
+        adv_B = rloo_advantages(rewards_B, group_ids_B)
+    elif kind == "whiten":
+        adv_B = whiten_advantages(rewards_B, eps)
+    else:
+        raise ConfigError(f"advantages must be one of grpo, dr_grpo, rloo, whiten (got {kind!r})")
+    metrics: dict[str, float] = {}
+    if rewards_B.numel():
+        s = group_stats(rewards_B, group_ids_B)
+        metrics = {
+            "adv/mean": float(adv_B.double().mean()),
+            "adv/abs_mean": float(adv_B.double().abs().mean()),
+            "adv/reward_mean": float(rewards_B.double().mean()),
+            "adv/groups": float(s.num_groups),
+            "adv/zero_variance_groups": float(s.num_zero_variance_groups),
+            "adv/zero_variance_seq_frac": float(s.zero_variance_B.double().mean()),
+        }
+    return adv_B, metrics

@@ -1,0 +1,238 @@
+"""The one typed config that composes an objective.
+
+Defaults come from what peers ship (``shared/reference/off-policy.md``):
+
+- ``loss="cispo"`` with ``eps_low=1.0, eps_high=0.28`` (MiniMax-M1 sets no lower
+  bound on the weight; ScaleRL's recipe is CISPO); ``ppo`` defaults to DAPO's
+  clip-higher ``0.2 / 0.28``; ``gspo`` to ``3e-4 / 4e-4``.
+- ``corrections=[tis(c=2)]``: token-level TIS with cap 2 (slime, verl, SkyRL,
+  open-instruct). Sequence-level TIS defaults to cap 5.
+- token mask ``[0.5, 5]`` (IcePop / INTELLECT-3), geometric sequence mask
+  ``[0.99, 1.01]`` (SkyRL), veto floor ``1e-4`` (slime), M2PO ``tau=0.04``.
+
+Built from Python (``ObjectiveConfig(loss="ppo", corrections=[TIS(c=2), M2PO()])``)
+or from a plain dict / YAML (``{"loss": "cispo", "corrections": [{"kind": "tis",
+"c": 2.0}]}``; a bare ``"m2po"`` string means the correction with its defaults).
+``ObjectiveConfig.from_dict`` / ``from_yaml`` turn pydantic's validation error
+into a ``ConfigError`` whose message names every bad field.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from labrl.errors import ConfigError
+
+LossKind = Literal["reinforce", "ppo", "cispo", "gspo"]
+AdvantageKind = Literal["grpo", "dr_grpo", "rloo", "whiten"]
+AggregationKind = Literal["token_mean", "seq_mean_token_mean", "seq_sum_constant"]
+KLEstimator = Literal["k1", "k2", "k3"]
+
+# (eps_low, eps_high) per loss; reinforce has no clip.
+DEFAULT_CLIP: dict[str, tuple[float, float]] = {
+    "ppo": (0.2, 0.28),
+    "cispo": (1.0, 0.28),
+    "gspo": (3e-4, 4e-4),
+}
+DEFAULT_TIS_CAP = {"token": 2.0, "sequence": 5.0}
+
+
+class _Correction(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @property
+    def name(self) -> str:
+        """Metric prefix; unique within one config."""
+        return str(getattr(self, "kind"))  # noqa: B009 - every subclass defines kind
+
+
+def _check_band(kind: str, low: float, high: float) -> None:
+    # A band that excludes 1 would mask perfectly on-policy tokens.
+    if not (low <= 1.0 <= high):
+        raise ValueError(
+            f"{kind} needs low <= 1 <= high so on-policy tokens are kept (got low={low}, high={high})"
+        )
+
+
+class TIS(_Correction):
+    """Truncated importance sampling: weight = min(w, c), stop-gradient.
+
+    ``level="token"``: ``w_t = exp(logp_old_t - logp_mu_t)``;
+    ``level="sequence"``: ``w_i = exp(sum_t (logp_old_t - logp_mu_t))``, one weight per sequence.
+    """
+
+    kind: Literal["tis"] = "tis"
+    level: Literal["token", "sequence"] = "token"
+    c: float = Field(ge=1.0, description="cap; default 2 (token) or 5 (sequence)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_cap(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("c") is None:
+            level = data.get("level", "token")
+            if level in DEFAULT_TIS_CAP:
+                data = {**data, "c": DEFAULT_TIS_CAP[level]}
+        return data
+
+    @property
+    def name(self) -> str:
+        return f"tis_{self.level}"
+
+
+class TokenMask(_Correction):
+    """IcePop-style token mask: drop tokens with ``w_t`` outside ``[low, high]``."""
+
+    kind: Literal["token_mask"] = "token_mask"
+    low: float = Field(default=0.5, gt=0.0)
+    high: float = Field(default=5.0, gt=0.0)
+
+    @model_validator(mode="after")
+    def _band(self) -> TokenMask:
+        _check_band("token_mask", self.low, self.high)
+        return self
+
+
+class GeoMask(_Correction):
+    """Geometric sequence mask: drop a sequence if ``exp(mean_t log w_t)`` is outside ``[low, high]``."""
+
+    kind: Literal["geo_mask"] = "geo_mask"
+    low: float = Field(default=0.99, gt=0.0)
+    high: float = Field(default=1.01, gt=0.0)
+
+    @model_validator(mode="after")
+    def _band(self) -> GeoMask:
+        _check_band("geo_mask", self.low, self.high)
+        return self
+
+
+class Veto(_Correction):
+    """Drop a whole sequence if any of its tokens has ``w_t < floor``."""
+
+    kind: Literal["veto"] = "veto"
+    floor: float = Field(default=1e-4, gt=0.0, lt=1.0)
+
+
+class M2PO(_Correction):
+    """Second-moment mask: among active-quadrant tokens ((A > 0, w > 1) or (A < 0, w < 1)),
+    drop those with the largest ``(log w)^2`` until their ``mean((log w)^2)`` is at most ``tau``."""
+
+    kind: Literal["m2po"] = "m2po"
+    tau: float = Field(default=0.04, gt=0.0)
+
+
+Correction = Annotated[TIS | TokenMask | GeoMask | Veto | M2PO, Field(discriminator="kind")]
+
+
+class ObjectiveConfig(BaseModel):
+    """Loss, advantages, behaviour corrections and aggregation of one objective."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    loss: LossKind = "cispo"
+    eps_low: float | None = Field(
+        default=None, gt=0.0, le=1.0, description="lower clip 1 - eps_low; default per loss"
+    )
+    eps_high: float | None = Field(
+        default=None, gt=0.0, description="upper clip 1 + eps_high; default per loss"
+    )
+    advantages: AdvantageKind = "grpo"
+    advantage_eps: float = Field(default=1e-6, gt=0.0, description="added to the std in grpo / whiten")
+    corrections: list[Correction] = Field(default_factory=lambda: [TIS()])
+    aggregation: AggregationKind = "token_mean"
+    aggregation_constant: float | None = Field(
+        default=None, gt=0.0, description="tokens per sequence for seq_sum_constant (max generation length)"
+    )
+    kl_coef: float = Field(default=0.0, ge=0.0, description="reference-KL coefficient; 0 turns the term off")
+    kl_estimator: KLEstimator = "k3"
+    log_ratio_clamp: float = Field(default=20.0, gt=0.0, le=80.0, description="|log ratio| cap before exp")
+
+    @field_validator("corrections", mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        # "m2po" is short for {"kind": "m2po"} with its defaults.
+        if isinstance(value, list | tuple):
+            return [{"kind": v} if isinstance(v, str) else v for v in value]
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_clip(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        loss = data.get("loss", "cispo")
+        if loss in DEFAULT_CLIP:
+            low, high = DEFAULT_CLIP[loss]
+            data = dict(data)
+            if data.get("eps_low") is None:
+                data["eps_low"] = low
+            if data.get("eps_high") is None:
+                data["eps_high"] = high
+        return data
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> ObjectiveConfig:
+        if self.loss == "reinforce" and (self.eps_low is not None or self.eps_high is not None):
+            raise ValueError(
+                "eps_low / eps_high have no effect with loss=reinforce: remove them or use ppo/cispo"
+            )
+        if self.aggregation == "seq_sum_constant" and self.aggregation_constant is None:
+            raise ValueError(
+                "aggregation=seq_sum_constant requires aggregation_constant: set it to the max generation length"
+            )
+        if self.aggregation != "seq_sum_constant" and self.aggregation_constant is not None:
+            raise ValueError(
+                f"aggregation_constant is only used by aggregation=seq_sum_constant (got aggregation={self.aggregation})"
+            )
+        names = [c.name for c in self.corrections]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"corrections lists {', '.join(dupes)} more than once: keep one of each")
+        return self
+
+    @property
+    def clip_range(self) -> tuple[float, float]:
+        """``(1 - eps_low, 1 + eps_high)``; ``(0, inf)`` for reinforce (never clips)."""
+        if self.eps_low is None or self.eps_high is None:
+            return 0.0, math.inf
+        return 1.0 - self.eps_low, 1.0 + self.eps_high
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ObjectiveConfig:
+        """Validate a plain dict; errors become one ``ConfigError`` naming each bad field."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"objective config must be a mapping, got {type(data).__name__}")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc)) from None
+
+    @classmethod
+    def from_yaml(cls, text_or_path: str | Path) -> ObjectiveConfig:
+        """Load from YAML text or a ``.yaml`` file path (an ``objective:`` top-level key is unwrapped)."""
+        text = str(text_or_path)
+        if isinstance(text_or_path, Path) or (text.endswith((".yaml", ".yml")) and "\n" not in text):
+            path = Path(text_or_path)
+            if not path.is_file():
+                raise ConfigError(f"objective config file not found: {path}")
+            text = path.read_text()
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"objective config is not valid YAML: {exc}") from None
+        if isinstance(data, dict) and set(data) == {"objective"}:
+            data = data["objective"]
+        return cls.from_dict(data)
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "<config>"
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}")
+    return "invalid objective config: " + "; ".join(parts)

@@ -1,0 +1,109 @@
+"""Behaviour-policy corrections: weights and masks computed once per global batch, no grad.
+
+All work on the behaviour log-ratio ``l_t = log w_t = logp_old_t - logp_mu_t``
+(learner at batch start vs the sampler that generated the token, which folds in
+both staleness and train/inference mismatch) over the ``valid`` tokens (loss
+mask and finite sampler log-prob). Comparisons happen in log space so extreme
+ratios never overflow.
+
+    TIS token     weight_t = min(w_t, C)                                   (stop-grad)
+    TIS sequence  weight_i = min(exp(sum_t l_t), C)                        on every token of i
+    token mask    keep_t   = low <= w_t <= high                            (IcePop)
+    geo mask      keep_i   = low <= exp(mean_t l_t) <= high                (whole sequence)
+    veto          keep_i   = not any_t (w_t < floor)                       (whole sequence)
+    M2PO          among the active tokens, (A > 0, w > 1) or (A < 0, w < 1), drop those with
+                  the largest l_t^2 until their second moment mean_{kept active} l_t^2 <= tau
+
+A masked token contributes nothing to the numerator but stays in the loss
+denominator (masking acts as an importance weight of 0), so the step size does
+not grow when a correction rejects many tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+
+def tis_token_weights(
+    log_w_B_T: torch.Tensor, valid_B_T: torch.Tensor, c: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight_t = min(w_t, C)`` on valid tokens (1 elsewhere); returns (weight_B_T, truncated_B_T)."""
+    log_c = math.log(c)
+    weight = torch.exp(log_w_B_T.clamp(max=log_c))
+    truncated = valid_B_T & (log_w_B_T > log_c)
+    return torch.where(valid_B_T, weight, 1.0), truncated
+
+
+def tis_sequence_weights(
+    log_w_B_T: torch.Tensor, valid_B_T: torch.Tensor, c: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight_i = min(prod_t w_t, C)`` broadcast to the sequence's valid tokens; returns (weight_B_T, truncated_B)."""
+    log_c = math.log(c)
+    log_seq_B = torch.where(valid_B_T, log_w_B_T, 0.0).sum(dim=1)
+    weight_B = torch.exp(log_seq_B.clamp(max=log_c))
+    truncated_B = valid_B_T.any(dim=1) & (log_seq_B > log_c)
+    return torch.where(valid_B_T, weight_B[:, None], 1.0), truncated_B
+
+
+def token_mask(log_w_B_T: torch.Tensor, valid_B_T: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """``keep_t = valid_t and low <= w_t <= high``."""
+    return valid_B_T & (log_w_B_T >= math.log(low)) & (log_w_B_T <= math.log(high))
+
+
+def geo_mask(log_w_B_T: torch.Tensor, valid_B_T: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """Per-sequence keep (B,): ``low <= exp(mean_{t valid} l_t) <= high``; rows without valid tokens are kept."""
+    n_B = valid_B_T.sum(dim=1)
+    mean_B = torch.where(valid_B_T, log_w_B_T, 0.0).sum(dim=1) / n_B.clamp(min=1)
+    inside = (mean_B >= math.log(low)) & (mean_B <= math.log(high))
+    return inside | (n_B == 0)
+
+
+def veto_mask(log_w_B_T: torch.Tensor, valid_B_T: torch.Tensor, floor: float) -> torch.Tensor:
+    """Per-sequence keep (B,): false when any valid token has ``w_t < floor``."""
+    return ~(valid_B_T & (log_w_B_T < math.log(floor))).any(dim=1)
+
+
+class M2POResult(NamedTuple):
+    keep_B_T: torch.Tensor  # bool: the input keep mask minus the M2PO-masked tokens
+    masked_B_T: torch.Tensor  # bool: tokens M2PO removed
+    active_B_T: torch.Tensor  # bool: kept tokens in the active quadrants (before masking)
+    second_moment_before: float  # mean l^2 over the active tokens
+    second_moment_after: float  # mean l^2 over the active tokens still kept (0 if none)
+
+
+def m2po_mask(
+    log_w_B_T: torch.Tensor, keep_B_T: torch.Tensor, adv_B_T: torch.Tensor, tau: float
+) -> M2POResult:
+    """M2PO second-moment mask over the global batch (Algorithm 1 of arXiv 2510.01161).
+
+    The trust region acts where PPO's clip would: the active tokens are the kept
+    tokens with ``(A > 0, l > 0)`` or ``(A < 0, l < 0)``. With their ``l_t^2``
+    sorted descending, ``S`` their sum, ``n`` their count and ``P_k`` the sum of
+    the ``k`` largest, removing the top ``k`` leaves ``M2_k = (S - P_k) / (n - k)``
+    (``M2_n = 0``). M2PO removes the smallest ``k`` with ``M2_k <= tau``.
+    Removing the largest value never raises the mean, so ``M2_k`` is
+    non-increasing and the bound always holds afterwards. Inactive tokens (zero
+    advantage, or a ratio moving the loss toward the trust region) are never
+    masked. Computed in float64.
+    """
+    active = keep_B_T & (((adv_B_T > 0) & (log_w_B_T > 0)) | ((adv_B_T < 0) & (log_w_B_T < 0)))  # (B, T)
+    idx = active.flatten().nonzero().squeeze(1)  # flat positions of active tokens
+    vals = log_w_B_T.double().square().flatten()[idx]
+    n = vals.numel()
+    before = float(vals.mean()) if n else 0.0
+    none = torch.zeros_like(keep_B_T)
+    if before <= tau:
+        return M2POResult(keep_B_T, none, active, before, before)
+    vals_desc, order = torch.sort(vals, descending=True, stable=True)
+    prefix = torch.cat([vals.new_zeros(1), vals_desc.cumsum(0)])  # P_0 .. P_n
+    remaining = n - torch.arange(n + 1, dtype=torch.float64)
+    m2_k = torch.where(remaining > 0, (prefix[-1] - prefix) / remaining.clamp(min=1), 0.0)
+    # Tolerance for round-off in the prefix sums when a k fits tau exactly.
+    k = int((m2_k <= tau * (1 + 1e-12)).nonzero()[0].item())
+    masked_flat = torch.zeros(keep_B_T.numel(), dtype=torch.bool, device=keep_B_T.device)
+    masked_flat[idx[order[:k]]] = True
+    masked = masked_flat.view_as(keep_B_T)
+    return M2POResult(keep_B_T & ~masked, masked, active, before, float(m2_k[k]))

@@ -1,0 +1,120 @@
+"""Per-token policy-gradient losses (to be minimised), before corrections and aggregation.
+
+``logp`` carries grad, ``logp_old`` is the learner's log-prob at batch start
+(no grad), ``A`` the sequence advantage broadcast over tokens. The policy ratio
+is ``r = exp(clamp(logp - logp_old, -c, c))``; clamping before ``exp`` keeps
+the ratio finite whatever the inputs (its gradient is 0 beyond the clamp,
+where PPO would clip anyway).
+
+    reinforce  l_t = -A * logp_t
+    ppo        l_t = -min(r_t A, clip(r_t, 1 - eps_low, 1 + eps_high) A)         (clip-higher: eps_high > eps_low)
+    cispo      l_t = -sg(clip(r_t, 1 - eps_low, 1 + eps_high)) * A * logp_t
+    gspo       l_t = -min(s_t A, clip(s_t, 1 - eps_low, 1 + eps_high) A),
+               s_t = sg(s_i) * exp(logp_t - sg(logp_t)),  s_i = exp(mean_{t in i} (logp_t - logp_old_t))
+
+All four have the same gradient on-policy (``r = 1``, nothing clipped):
+``-A * grad logp_t``. They differ off-policy: PPO zeroes the gradient of a token
+whose clipped term is active; CISPO only caps the token's weight, so every token
+keeps a gradient; GSPO clips the whole sequence on its length-normalised ratio.
+GSPO's per-token value equals the sequence loss, so mean-of-token-means
+aggregation reproduces GSPO's sequence-mean objective exactly, and a one-token
+sequence reproduces token-level PPO.
+
+Each function returns a ``TokenLoss``: the per-token loss and the tokens where
+a clip bound is active (``clipped_low`` / ``clipped_high``): for PPO and GSPO
+those tokens get no gradient; for CISPO their weight is capped.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class TokenLoss(NamedTuple):
+    loss_B_T: torch.Tensor
+    ratio_B_T: torch.Tensor  # detached policy ratio (sequence ratio for gspo)
+    clipped_low_B_T: torch.Tensor  # bool
+    clipped_high_B_T: torch.Tensor  # bool
+
+
+def _ratio(logp_B_T: torch.Tensor, logp_old_B_T: torch.Tensor, clamp: float) -> torch.Tensor:
+    return torch.exp((logp_B_T - logp_old_B_T).clamp(-clamp, clamp))
+
+
+def reinforce_loss(
+    logp_B_T: torch.Tensor, logp_old_B_T: torch.Tensor, adv_B_T: torch.Tensor, clamp: float = 20.0
+) -> TokenLoss:
+    """``l_t = -A * logp_t`` (plain policy gradient; no ratio, never clips)."""
+    never = torch.zeros_like(logp_B_T, dtype=torch.bool)
+    ratio = _ratio(logp_B_T.detach(), logp_old_B_T, clamp)
+    return TokenLoss(-adv_B_T * logp_B_T, ratio, never, never)
+
+
+def _clipped_surrogate(
+    ratio_B_T: torch.Tensor, adv_B_T: torch.Tensor, eps_low: float, eps_high: float
+) -> TokenLoss:
+    lo, hi = 1.0 - eps_low, 1.0 + eps_high
+    unclipped = ratio_B_T * adv_B_T
+    clipped = ratio_B_T.clamp(lo, hi) * adv_B_T
+    loss = -torch.minimum(unclipped, clipped)
+    r = ratio_B_T.detach()
+    # The clipped branch is the minimum (gradient 0) exactly in these two quadrants.
+    clipped_low = (adv_B_T < 0) & (r < lo)
+    clipped_high = (adv_B_T > 0) & (r > hi)
+    return TokenLoss(loss, r, clipped_low, clipped_high)
+
+
+def ppo_loss(
+    logp_B_T: torch.Tensor,
+    logp_old_B_T: torch.Tensor,
+    adv_B_T: torch.Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    clamp: float = 20.0,
+) -> TokenLoss:
+    """``l_t = -min(r_t A, clip(r_t, 1 - eps_low, 1 + eps_high) A)``, ``r_t = exp(logp_t - logp_old_t)``."""
+    return _clipped_surrogate(_ratio(logp_B_T, logp_old_B_T, clamp), adv_B_T, eps_low, eps_high)
+
+
+def cispo_loss(
+    logp_B_T: torch.Tensor,
+    logp_old_B_T: torch.Tensor,
+    adv_B_T: torch.Tensor,
+    eps_low: float = 1.0,
+    eps_high: float = 0.28,
+    clamp: float = 20.0,
+) -> TokenLoss:
+    """``l_t = -sg(clip(r_t, 1 - eps_low, 1 + eps_high)) * A * logp_t``: the weight is capped, the gradient kept."""
+    lo, hi = 1.0 - eps_low, 1.0 + eps_high
+    r = _ratio(logp_B_T.detach(), logp_old_B_T, clamp)
+    weight = r.clamp(lo, hi)
+    loss = -weight * adv_B_T * logp_B_T
+    return TokenLoss(loss, r, r < lo, r > hi)
+
+
+def sequence_log_ratio(
+    logp_B_T: torch.Tensor, logp_old_B_T: torch.Tensor, valid_B_T: torch.Tensor
+) -> torch.Tensor:
+    """``log s_i = mean_{t valid} (logp_t - logp_old_t)`` per row, shape (B,); 0 for rows without valid tokens."""
+    diff = torch.where(valid_B_T, logp_B_T - logp_old_B_T, 0.0)
+    n = valid_B_T.sum(dim=1).clamp(min=1)
+    return diff.sum(dim=1) / n
+
+
+def gspo_loss(
+    logp_B_T: torch.Tensor,
+    logp_old_B_T: torch.Tensor,
+    adv_B_T: torch.Tensor,
+    valid_B_T: torch.Tensor,
+    eps_low: float = 3e-4,
+    eps_high: float = 4e-4,
+    clamp: float = 20.0,
+) -> TokenLoss:
+    """GSPO-token: PPO clip on ``s_t = sg(s_i) * exp(logp_t - sg(logp_t))``, ``s_i`` the length-normalised
+    sequence ratio ``exp(mean_t (logp_t - logp_old_t))``."""
+    log_s_B = sequence_log_ratio(logp_B_T.detach(), logp_old_B_T, valid_B_T).clamp(-clamp, clamp)
+    # Value s_i on every token; gradient s_i * grad logp_t per token.
+    log_s_B_T = log_s_B[:, None] + (logp_B_T - logp_B_T.detach())
+    return _clipped_surrogate(torch.exp(log_s_B_T), adv_B_T, eps_low, eps_high)

@@ -1,0 +1,344 @@
+"""The learner-facing API: ``prepare`` once per global batch, ``policy_loss`` per micro-batch.
+
+Learner flow::
+
+    with torch.no_grad():
+        old_B_T = logprobs(model, batch)                      # learner at batch start
+    prepared = prepare(cfg, ObjectiveInputs.from_train_batch(batch, old_B_T, version))
+    for rows in micro_batches:                                # any split of the rows
+        loss, m = policy_loss(cfg, logprobs(model, batch[rows]), prepared.select(rows))
+        loss.backward()                                       # grads accumulate to the whole-batch gradient
+        micro_metrics.append(m)
+    metrics = combine_metrics(prepared, micro_metrics)
+
+Everything that depends on the whole batch (advantages, behaviour weights and
+masks, M2PO's second moment, the loss denominator, the diagnostics) is computed
+in ``prepare``, without grad, so a micro-batch's loss is its exact share of the
+whole-batch loss. Per token, the loss minimised is
+
+    l_t = keep_t * weight_t * pg_t(logp, logp_old, A) + kl_coef * k(logp, logp_ref)_t
+
+with ``pg`` the configured policy loss, ``weight`` the product of TIS weights and
+``keep`` the AND of the masks, then aggregated over valid tokens (loss mask and
+finite sampler log-prob) with the global denominator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from labrl.errors import ConfigError, LearnerError
+
+from ._advantages import compute_advantages
+from ._aggregation import aggregate, global_denominator
+from ._config import M2PO, TIS, GeoMask, ObjectiveConfig, TokenMask, Veto
+from ._corrections import geo_mask, m2po_mask, tis_sequence_weights, tis_token_weights, token_mask, veto_mask
+from ._diagnostics import mismatch_kl, ratio_stats, staleness_stats
+from ._kl import kl_estimate
+from ._losses import TokenLoss, cispo_loss, gspo_loss, ppo_loss, reinforce_loss
+
+
+@dataclass(frozen=True)
+class ObjectiveInputs:
+    """One global batch (B sequences, T tokens), no grad anywhere."""
+
+    loss_mask_B_T: torch.Tensor  # bool: model-generated tokens
+    old_logprobs_B_T: torch.Tensor  # learner log-probs at batch start
+    behaviour_logprobs_B_T: torch.Tensor  # sampler log-probs (non-finite ones are dropped)
+    versions_B_T: torch.Tensor  # long: policy version per token, -1 off the loss mask
+    rewards_B: torch.Tensor  # float
+    group_ids_B: torch.Tensor  # long
+    learner_version: int
+    ref_logprobs_B_T: torch.Tensor | None = None
+
+    @classmethod
+    def from_train_batch(
+        cls,
+        batch: object,
+        old_logprobs_B_T: torch.Tensor,
+        learner_version: int,
+        ref_logprobs_B_T: torch.Tensor | None = None,
+    ) -> ObjectiveInputs:
+        """Build from a ``labrl.harness.types.TrainBatch`` plus the learner's no-grad log-probs."""
+        return cls(
+            loss_mask_B_T=batch.loss_mask_B_T,  # type: ignore[attr-defined]
+            old_logprobs_B_T=old_logprobs_B_T,
+            behaviour_logprobs_B_T=batch.behaviour_logprobs_B_T,  # type: ignore[attr-defined]
+            versions_B_T=batch.versions_B_T,  # type: ignore[attr-defined]
+            rewards_B=batch.rewards_B,  # type: ignore[attr-defined]
+            group_ids_B=batch.group_ids_B,  # type: ignore[attr-defined]
+            learner_version=learner_version,
+            ref_logprobs_B_T=ref_logprobs_B_T,
+        )
+
+    def validate(self) -> None:
+        """Raise ``ConfigError`` naming the field when shapes, dtypes or versions are inconsistent."""
+        mask = self.loss_mask_B_T
+        if mask.dim() != 2:
+            raise ConfigError(f"loss_mask_B_T must be 2-D (B, T), got shape {tuple(mask.shape)}")
+        if mask.dtype != torch.bool:
+            raise ConfigError(f"loss_mask_B_T must be bool, got {mask.dtype}")
+        shape = tuple(mask.shape)
+        per_token = {
+            "old_logprobs_B_T": self.old_logprobs_B_T,
+            "behaviour_logprobs_B_T": self.behaviour_logprobs_B_T,
+            "versions_B_T": self.versions_B_T,
+        }
+        if self.ref_logprobs_B_T is not None:
+            per_token["ref_logprobs_B_T"] = self.ref_logprobs_B_T
+        for name, t in per_token.items():
+            if tuple(t.shape) != shape:
+                raise ConfigError(f"{name} has shape {tuple(t.shape)}, expected {shape} like loss_mask_B_T")
+        for name, t in (("rewards_B", self.rewards_B), ("group_ids_B", self.group_ids_B)):
+            if tuple(t.shape) != shape[:1]:
+                raise ConfigError(f"{name} has shape {tuple(t.shape)}, expected ({shape[0]},)")
+        for name in ("old_logprobs_B_T", "behaviour_logprobs_B_T", "ref_logprobs_B_T"):
+            t = per_token.get(name)
+            if t is not None and not t.is_floating_point():
+                raise ConfigError(f"{name} must be a float tensor, got {t.dtype}")
+        if not self.rewards_B.is_floating_point():
+            raise ConfigError(f"rewards_B must be a float tensor, got {self.rewards_B.dtype}")
+        if not torch.isfinite(self.rewards_B).all():
+            raise ConfigError(
+                "rewards_B has non-finite values: untrainable episodes must be dropped before the objective"
+            )
+        for name, t in (("versions_B_T", self.versions_B_T), ("group_ids_B", self.group_ids_B)):
+            if t.is_floating_point() or t.dtype == torch.bool:
+                raise ConfigError(f"{name} must be an integer tensor, got {t.dtype}")
+        v = self.versions_B_T[mask]
+        if v.numel() and int(v.min()) < 0:
+            raise ConfigError(
+                "versions_B_T has a negative version on a loss-mask token: the sampler must tag every generated token"
+            )
+        if v.numel() and int(v.max()) > self.learner_version:
+            raise ConfigError(
+                f"versions_B_T has version {int(v.max())} newer than learner_version {self.learner_version}"
+            )
+        bad_old = mask & ~torch.isfinite(self.old_logprobs_B_T)
+        if bad_old.any():
+            raise LearnerError(
+                f"old_logprobs_B_T has {int(bad_old.sum())} non-finite values on loss-mask tokens: the learner forward is broken"
+            )
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    """What ``policy_loss`` needs, computed once for the global batch; ``select`` rows for micro-batches.
+
+    Tensors are row-indexed (first dim B); ``denominator``, ``num_valid_tokens``,
+    ``num_valid_seqs`` and ``metrics`` stay global under ``select``.
+    """
+
+    valid_B_T: torch.Tensor  # bool: loss mask and finite sampler log-prob
+    keep_B_T: torch.Tensor  # bool: valid and not removed by any correction mask
+    weight_B_T: torch.Tensor  # float: product of TIS weights (1 where none applies)
+    advantages_B: torch.Tensor  # float
+    old_logprobs_B_T: torch.Tensor  # 0 off the valid tokens
+    ref_logprobs_B_T: torch.Tensor | None
+    denominator: float
+    num_valid_tokens: int
+    num_valid_seqs: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.valid_B_T.shape[0])
+
+    def select(self, index: torch.Tensor | slice | list[int]) -> PreparedBatch:
+        """The rows ``index`` (slice, list or long/bool tensor) with the global denominator and metrics."""
+        if isinstance(index, list):
+            index = torch.tensor(index, dtype=torch.long)
+
+        def rows(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[index]
+
+        return dataclasses.replace(
+            self,
+            valid_B_T=self.valid_B_T[index],
+            keep_B_T=self.keep_B_T[index],
+            weight_B_T=self.weight_B_T[index],
+            advantages_B=self.advantages_B[index],
+            old_logprobs_B_T=self.old_logprobs_B_T[index],
+            ref_logprobs_B_T=rows(self.ref_logprobs_B_T),
+        )
+
+    def __getitem__(self, index: torch.Tensor | slice | list[int]) -> PreparedBatch:
+        return self.select(index)
+
+
+@torch.no_grad()
+def prepare(cfg: ObjectiveConfig, inputs: ObjectiveInputs) -> PreparedBatch:
+    """Advantages, correction weights/masks, global denominator and diagnostics for one global batch."""
+    inputs.validate()
+    if cfg.kl_coef > 0 and inputs.ref_logprobs_B_T is None:
+        raise ConfigError("kl_coef > 0 requires ref_logprobs_B_T in ObjectiveInputs (or set kl_coef=0)")
+
+    loss_mask = inputs.loss_mask_B_T
+    finite_mu = torch.isfinite(inputs.behaviour_logprobs_B_T)
+    valid = loss_mask & finite_mu  # (B, T)
+    old = torch.where(valid, inputs.old_logprobs_B_T, 0.0)
+    mu = torch.where(valid, inputs.behaviour_logprobs_B_T, 0.0)
+    log_w = torch.where(valid, (old - mu).clamp(-cfg.log_ratio_clamp, cfg.log_ratio_clamp), 0.0)  # (B, T)
+    n_valid = int(valid.sum())
+    n_seqs = int(valid.any(dim=1).sum())
+
+    metrics: dict[str, float] = {
+        "tokens/valid": float(n_valid),
+        "tokens/nonfinite_behaviour": float((loss_mask & ~finite_mu).sum()),
+        "seqs/valid": float(n_seqs),
+    }
+    adv_B, adv_metrics = compute_advantages(
+        cfg.advantages, inputs.rewards_B, inputs.group_ids_B, cfg.advantage_eps
+    )
+    metrics |= adv_metrics
+    adv_B_T = adv_B[:, None].expand_as(log_w)
+
+    weight, keep, corr_metrics = _apply_corrections(cfg, log_w, valid, adv_B_T, n_valid, n_seqs)
+    metrics |= corr_metrics
+    metrics |= mismatch_kl(log_w, valid)
+    metrics |= ratio_stats(log_w, valid)
+    metrics |= staleness_stats(inputs.versions_B_T, valid, inputs.learner_version)
+
+    ref = None
+    if inputs.ref_logprobs_B_T is not None:
+        ref = torch.where(valid, inputs.ref_logprobs_B_T, 0.0)
+    return PreparedBatch(
+        valid_B_T=valid,
+        keep_B_T=keep,
+        weight_B_T=weight.to(old.dtype),
+        advantages_B=adv_B.to(old.dtype),
+        old_logprobs_B_T=old,
+        ref_logprobs_B_T=ref,
+        denominator=global_denominator(cfg.aggregation, valid, cfg.aggregation_constant),
+        num_valid_tokens=n_valid,
+        num_valid_seqs=n_seqs,
+        metrics=metrics,
+    )
+
+
+def _frac(count: torch.Tensor | int, total: int) -> float:
+    return float(count) / total if total else 0.0
+
+
+def _apply_corrections(
+    cfg: ObjectiveConfig,
+    log_w: torch.Tensor,
+    valid: torch.Tensor,
+    adv_B_T: torch.Tensor,
+    n_valid: int,
+    n_seqs: int,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Corrections in the order listed: weights multiply, masks AND; M2PO sees the tokens still kept."""
+    weight = torch.ones_like(log_w)
+    keep = valid.clone()
+    m: dict[str, float] = {}
+    for corr in cfg.corrections:
+        name = corr.name
+        if isinstance(corr, TIS):
+            if corr.level == "token":
+                w, truncated = tis_token_weights(log_w, valid, corr.c)
+                m[f"{name}/truncated_frac"] = _frac(truncated.sum(), n_valid)
+            else:
+                w, truncated_B = tis_sequence_weights(log_w, valid, corr.c)
+                m[f"{name}/truncated_seq_frac"] = _frac(truncated_B.sum(), n_seqs)
+                m[f"{name}/truncated_frac"] = _frac((truncated_B[:, None] & valid).sum(), n_valid)
+            weight = weight * w
+            m[f"{name}/weight_mean"] = _frac(torch.where(valid, w, 0.0).sum(), n_valid)
+            continue
+        if isinstance(corr, TokenMask):
+            new_keep = keep & token_mask(log_w, valid, corr.low, corr.high)
+        elif isinstance(corr, GeoMask | Veto):
+            if isinstance(corr, GeoMask):
+                seq_keep = geo_mask(log_w, valid, corr.low, corr.high)
+            else:
+                seq_keep = veto_mask(log_w, valid, corr.floor)
+            m[f"{name}/masked_seq_frac"] = _frac((~seq_keep & valid.any(dim=1)).sum(), n_seqs)
+            new_keep = keep & seq_keep[:, None]
+        elif isinstance(corr, M2PO):
+            res = m2po_mask(log_w, keep, adv_B_T, corr.tau)
+            new_keep = res.keep_B_T
+            m[f"{name}/second_moment_before"] = res.second_moment_before
+            m[f"{name}/second_moment_after"] = res.second_moment_after
+            m[f"{name}/active_frac"] = _frac(res.active_B_T.sum(), n_valid)
+        else:  # pragma: no cover - the config's discriminated union admits nothing else
+            raise ConfigError(f"unknown correction {corr!r}")
+        m[f"{name}/masked_frac"] = _frac((keep & ~new_keep).sum(), n_valid)
+        keep = new_keep
+    m["corrections/kept_frac"] = _frac(keep.sum(), n_valid)
+    m["corrections/weight_mean"] = _frac(torch.where(keep, weight, 0.0).sum(), n_valid)
+    return weight, keep, m
+
+
+def _token_loss(cfg: ObjectiveConfig, logp: torch.Tensor, p: PreparedBatch) -> TokenLoss:
+    adv = p.advantages_B[:, None].expand_as(logp)
+    old = p.old_logprobs_B_T
+    clamp = cfg.log_ratio_clamp
+    if cfg.loss == "reinforce":
+        return reinforce_loss(logp, old, adv, clamp)
+    assert cfg.eps_low is not None and cfg.eps_high is not None  # filled by the config validator
+    if cfg.loss == "ppo":
+        return ppo_loss(logp, old, adv, cfg.eps_low, cfg.eps_high, clamp)
+    if cfg.loss == "cispo":
+        return cispo_loss(logp, old, adv, cfg.eps_low, cfg.eps_high, clamp)
+    if cfg.loss == "gspo":
+        return gspo_loss(logp, old, adv, p.valid_B_T, cfg.eps_low, cfg.eps_high, clamp)
+    raise ConfigError(f"loss must be reinforce, ppo, cispo or gspo (got {cfg.loss!r})")
+
+
+def policy_loss(
+    cfg: ObjectiveConfig, logprobs_B_T: torch.Tensor, prepared: PreparedBatch
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """This micro-batch's share of the global loss, and additive metrics.
+
+    ``logprobs_B_T`` (with grad) must have the micro-batch's shape. The loss is
+    already divided by the global denominator: summing it over micro-batches
+    gives the whole-batch loss, and calling ``backward`` on each accumulates the
+    whole-batch gradient. Every returned metric is likewise additive: its sum over
+    the micro-batches is the global value (fractions are over the global count of
+    valid tokens). ``combine_metrics`` does the summing.
+    """
+    valid = prepared.valid_B_T
+    if tuple(logprobs_B_T.shape) != tuple(valid.shape):
+        raise ConfigError(
+            f"logprobs_B_T has shape {tuple(logprobs_B_T.shape)}, expected {tuple(valid.shape)} (the selected rows)"
+        )
+    # Padding may hold -inf/nan; `where` keeps it out of values and gradients.
+    logp = torch.where(valid, logprobs_B_T, 0.0)
+    tl = _token_loss(cfg, logp, prepared)
+    pg_B_T = torch.where(prepared.keep_B_T, tl.loss_B_T * prepared.weight_B_T, 0.0)
+    agg = cfg.aggregation
+    pg = aggregate(agg, pg_B_T, valid, prepared.denominator)
+    total = pg
+    n = prepared.num_valid_tokens
+    metrics = {"loss/policy": float(pg.detach())}
+    if cfg.kl_coef > 0:
+        assert prepared.ref_logprobs_B_T is not None  # checked in prepare
+        k_B_T = kl_estimate(logp, prepared.ref_logprobs_B_T, cfg.kl_estimator, cfg.log_ratio_clamp)
+        kl_term = cfg.kl_coef * aggregate(agg, k_B_T, valid, prepared.denominator)
+        total = total + kl_term
+        metrics["loss/ref_kl"] = float(kl_term.detach())
+        metrics[f"ref_kl/{cfg.kl_estimator}"] = _frac(torch.where(valid, k_B_T.detach(), 0.0).sum(), n)
+    metrics["loss/total"] = float(total.detach())
+    low, high = tl.clipped_low_B_T & valid, tl.clipped_high_B_T & valid
+    metrics["policy/clip_low_frac"] = _frac(low.sum(), n)
+    metrics["policy/clip_high_frac"] = _frac(high.sum(), n)
+    metrics["policy/clip_frac"] = _frac((low | high).sum(), n)
+    metrics["policy/ratio_mean"] = _frac(torch.where(valid, tl.ratio_B_T, 0.0).sum(), n)
+    return total, metrics
+
+
+def combine_metrics(
+    prepared: PreparedBatch, micro_metrics: Iterable[Mapping[str, float]]
+) -> dict[str, float]:
+    """Global metrics of a step: ``prepared.metrics`` plus the sums of the micro-batch metrics."""
+    out = dict(prepared.metrics)
+    summed: dict[str, float] = {}
+    for m in micro_metrics:
+        for k, v in m.items():
+            summed[k] = summed.get(k, 0.0) + float(v)
+    out |= summed
+    return out

@@ -1,0 +1,504 @@
+"""SGLangSampler: the ``Sampler`` protocol over one or more SGLang HTTP servers.
+
+Generation: one ``POST /generate`` per request (``input_ids``, log-probs of
+the output tokens, optionally routed experts), routed to a server by the
+pool (``sglang_pool.py``). A request the server aborts (``finish_reason
+abort``: a pause in ``abort`` mode, an ``/abort_request``, a restart) is
+resumed from its token prefix: re-submitted with the generated tokens
+appended to the prompt and ``max_new_tokens`` reduced, and the pieces are
+stitched with the version each token was generated under. Routed experts of
+a resumed piece start at row ``len(rows so far)`` (``routed_experts_start_len``
+on 0.5.23; sliced client-side on 0.5.15), so every row is the routing of
+the run that first fed that token in.
+
+In-flight weight update (``update_weights``)::
+
+    pause_generation(mode)                      retract | in_place | abort
+    begin_weight_update                         0.5.23+, distributed transport only
+    update_weights_from_disk                    transport "disk": HF checkpoint dir
+      | init_weights_update_group (once)        transport "distributed": tensors broadcast
+        + update_weights_from_distributed         from this process (rank 0) over the group
+    end_weight_update                           0.5.23+, distributed transport only
+    continue_generation
+
+Errors (all ``SamplerError``)::
+
+    transport error / 5xx  -> health check; dead server out of the pool; request retried elsewhere
+    4xx                    -> raised at once with the server's message (a bug: retrying won't help)
+    routed experts asked for but absent -> raised: the server lacks --enable-return-routed-experts
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+import numpy as np
+import torch
+from labrl.harness.samplers.sglang_pool import RoutingPolicy, ServerPool, ServerState
+from labrl.harness.samplers.sglang_wire import (
+    decode_segment,
+    generate_payload,
+    parse_weight_version,
+    reshape_routed_rows,
+    sampling_params_payload,
+    to_learner_layout,
+)
+from labrl.harness.types import FinishReason, GenerateRequest, GenerateResult
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from labrl.errors import ConfigError, SamplerError
+
+log = logging.getLogger(__name__)
+
+PauseMode = Literal["retract", "in_place", "abort"]
+WeightTransport = Literal["disk", "distributed"]
+
+# Writes a loadable checkpoint (HF layout) of learner weights into a directory.
+WeightWriter = Callable[[Mapping[str, torch.Tensor], Path], None]
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts: list[int] = []
+    for piece in version.split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+        if not piece.isdigit():  # "23rc1", "15.post1": stop at the first non-numeric piece
+            break
+    return tuple(parts)
+
+
+class SGLangSamplerConfig(BaseModel):
+    """Everything the client needs; no live objects (serialisable)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    urls: tuple[str, ...] = Field(min_length=1, description="base URLs, e.g. http://10.0.0.5:30000")
+    num_hidden_layers: int = Field(ge=1, description="all decoder layers of the served model, dense included")
+    moe_layers: tuple[int, ...] = Field(min_length=1, description="indices of the MoE layers among them")
+    topk: int = Field(ge=1, description="experts per token (moe_router_topk)")
+    routing: RoutingPolicy = "least_loaded"
+    group_sep: str = Field(default="/", min_length=1, description="rid = <group key><sep><sample>")
+    pause_mode: PauseMode = "retract"
+    weight_transport: WeightTransport = "disk"
+    export_dir: str | None = Field(default=None, description="where 'disk' updates write checkpoints")
+    keep_exports: int = Field(default=2, ge=1, description="checkpoint dirs kept on disk")
+    # distributed transport: this process is rank 0 of the update group
+    master_address: str = "127.0.0.1"
+    master_port: int = Field(default=29555, ge=1, le=65535)
+    group_name: str = "labrl_weights"
+    group_backend: Literal["nccl", "gloo"] = "nccl"
+    # time limits (seconds) and limits
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    request_timeout_s: float = Field(default=1800.0, gt=0, description="one /generate call")
+    control_timeout_s: float = Field(default=600.0, gt=0, description="pause/update/continue calls")
+    health_timeout_s: float = Field(default=20.0, gt=0)
+    max_connections: int = Field(default=512, ge=1, description="per client (all servers)")
+    max_retries: int = Field(default=3, ge=0, description="re-submissions after transport errors")
+    retry_backoff_s: float = Field(default=0.5, ge=0)
+    max_resumes: int = Field(default=64, ge=0, description="re-submissions after aborts")
+
+    @model_validator(mode="after")
+    def _check(self) -> SGLangSamplerConfig:
+        bad = [i for i in self.moe_layers if not 0 <= i < self.num_hidden_layers]
+        if bad:
+            raise ConfigError(
+                f"moe_layers {bad} outside [0, num_hidden_layers={self.num_hidden_layers}): "
+                "list the MoE layer indices of the served model"
+            )
+        if len(set(self.moe_layers)) != len(self.moe_layers):
+            raise ConfigError(f"moe_layers {list(self.moe_layers)} has duplicates")
+        if self.weight_transport == "disk" and self.export_dir is None:
+            raise ConfigError("weight_transport 'disk' requires export_dir: set sampler.export_dir")
+        return self
+
+
+class SGLangSampler:
+    """Async client for SGLang servers; see the module docstring for the protocol."""
+
+    def __init__(
+        self,
+        config: SGLangSamplerConfig,
+        *,
+        weight_writer: WeightWriter | None = None,
+        broadcaster: Any | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if config.weight_transport == "disk" and weight_writer is None:
+            raise ConfigError("weight_transport 'disk' needs a weight_writer (e.g. labrl.harness.hf_export)")
+        self.config = config
+        self._writer = weight_writer
+        self._broadcaster = broadcaster
+        self._pool = ServerPool(list(config.urls), config.routing, config.group_sep)
+        limits = httpx.Limits(max_connections=config.max_connections, max_keepalive_connections=64)
+        timeout = httpx.Timeout(config.request_timeout_s, connect=config.connect_timeout_s)
+        self._client = httpx.AsyncClient(limits=limits, timeout=timeout, transport=transport)
+        self._version = 0
+        self._server_version: dict[str, int] = {}
+        self._running = asyncio.Event()  # set = generation may proceed (not paused by us)
+        self._running.set()
+        self._update_lock = asyncio.Lock()
+        self._group_ready = False
+        self._exports: list[Path] = []
+        self._started = False
+        self.stats = {"resumed": 0, "retried": 0, "inexact_versions": 0}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def servers(self) -> list[ServerState]:
+        return self._pool.servers
+
+    async def start(self) -> None:
+        """Read each server's release, flags and weight version; fail early on a misfit."""
+        infos = await asyncio.gather(*(self._probe(s) for s in self._pool.servers))
+        versions = {info for info in infos}
+        if len(versions) > 1:
+            raise SamplerError(f"servers disagree on the weight version at start: {sorted(versions)}")
+        self._version = versions.pop()
+        self._started = True
+
+    async def _probe(self, server: ServerState) -> int:
+        info = await self._get(server, "/server_info")
+        release = str(info.get("version", ""))
+        if not release:
+            raise SamplerError(f"{server.url}/server_info has no 'version': is this an SGLang server?")
+        server.version = release
+        server.info = info
+        server.has_weight_update_session = _version_tuple(release) >= (0, 5, 23)
+        server.has_routed_experts_start_len = server.has_weight_update_session
+        server.routed_experts_enabled = bool(info.get("enable_return_routed_experts", False))
+        server.world_size = int(info.get("tp_size", 1)) * int(info.get("pp_size", 1))
+        model_info = await self._get(server, "/model_info")
+        version = parse_weight_version(model_info.get("weight_version"))
+        self._server_version[server.url] = version
+        return version
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def __aenter__(self) -> SGLangSampler:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- HTTP helpers ------------------------------------------------------------------------
+
+    async def _request(
+        self, server: ServerState, method: str, path: str, body: dict | None, timeout: float
+    ) -> dict:
+        try:
+            resp = await self._client.request(method, server.url + path, json=body, timeout=timeout)
+        except httpx.TimeoutException as exc:
+            raise _TransportFailure(f"{server.url}{path}: timed out after {timeout} s") from exc
+        except httpx.TransportError as exc:
+            raise _TransportFailure(f"{server.url}{path}: {type(exc).__name__}: {exc}") from exc
+        if resp.status_code >= 500:
+            raise _TransportFailure(f"{server.url}{path}: HTTP {resp.status_code}: {resp.text[:300]}")
+        if resp.status_code >= 400:
+            raise SamplerError(
+                f"{server.url}{path} rejected the request: HTTP {resp.status_code}: {resp.text[:500]}"
+            )
+        if not resp.content:
+            return {}
+        try:
+            data = resp.json()
+        except ValueError:
+            return {"text": resp.text}
+        return data if isinstance(data, dict) else {"value": data}
+
+    async def _get(self, server: ServerState, path: str) -> dict:
+        try:
+            return await self._request(server, "GET", path, None, self.config.control_timeout_s)
+        except _TransportFailure as exc:
+            raise SamplerError(str(exc)) from exc
+
+    async def _control(self, server: ServerState, path: str, body: dict) -> dict:
+        try:
+            data = await self._request(server, "POST", path, body, self.config.control_timeout_s)
+        except _TransportFailure as exc:
+            raise SamplerError(str(exc)) from exc
+        if data.get("success") is False:
+            raise SamplerError(f"{server.url}{path} failed: {data.get('message', data)}")
+        return data
+
+    async def check_health(self, server: ServerState) -> bool:
+        """``GET /health_generate`` (runs one token through the model); False takes the server out."""
+        try:
+            resp = await self._client.get(
+                server.url + "/health_generate", timeout=self.config.health_timeout_s
+            )
+            ok = resp.status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        if not ok and server.alive:
+            log.warning("SGLang server %s failed its health check: taken out of the pool", server.url)
+            self._pool.mark_dead(server)
+        return ok
+
+    # -- generation --------------------------------------------------------------------------
+
+    async def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        if not self._started:
+            await self.start()
+        return list(await asyncio.gather(*(self._generate_one(r) for r in requests)))
+
+    async def _generate_one(self, req: GenerateRequest) -> GenerateResult:
+        cfg = self.config
+        prompt = list(req.input_ids)
+        out_ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        rows: list[np.ndarray] = []  # routing rows (num_hidden_layers, topk) of tokens fed in so far
+        n_rows = 0
+        finish: FinishReason = "abort"
+        resumes = retries = 0
+        servers_used: list[str] = []
+        inexact = False
+        failed: set[str] = set()
+        while True:
+            remaining = req.sampling.max_new_tokens - len(out_ids)
+            if remaining <= 0:
+                finish = "length"
+                break
+            await self._running.wait()
+            server = self._pool.pick(req.rid, frozenset(failed))
+            want_rows = req.return_routed_experts
+            if want_rows and not server.routed_experts_enabled:
+                raise SamplerError(
+                    f"{server.url}: routed experts requested but the server runs without "
+                    "--enable-return-routed-experts (labrl serve sglang adds it)"
+                )
+            start_len = n_rows if server.has_routed_experts_start_len else None
+            body = generate_payload(
+                rid=f"{req.rid}#{resumes + retries}",
+                input_ids=prompt + out_ids,
+                sampling_params=sampling_params_payload(req.sampling, max_new_tokens=remaining),
+                return_routed_experts=want_rows,
+                routed_experts_start_len=start_len,
+            )
+            submitted = self._server_version.get(server.url, self._version)
+            server.in_flight += 1
+            try:
+                answer = await self._request(server, "POST", "/generate", body, cfg.request_timeout_s)
+            except _TransportFailure as exc:
+                retries += 1
+                self.stats["retried"] += 1
+                if not await self.check_health(server):
+                    failed.add(server.url)
+                if retries > cfg.max_retries:
+                    raise SamplerError(
+                        f"request {req.rid}: gave up after {cfg.max_retries} retries: {exc}"
+                    ) from exc
+                await asyncio.sleep(cfg.retry_backoff_s * 2 ** (retries - 1))
+                continue
+            finally:
+                server.in_flight -= 1
+            seg = decode_segment(
+                answer, submitted_version=submitted, want_routed_experts=want_rows, server=server.url
+            )
+            servers_used.append(server.url)
+            inexact |= not seg.exact_versions
+            if seg.routed_rows is not None:
+                fed = len(prompt) + len(out_ids) + len(seg.output_ids) - 1  # tokens fed in by now
+                first = start_len or 0
+                got = reshape_routed_rows(
+                    seg.routed_rows,
+                    rows=max(0, fed - first),
+                    num_hidden_layers=cfg.num_hidden_layers,
+                    topk=cfg.topk,
+                    server=server.url,
+                )
+                new = got[n_rows - first :]
+                rows.append(new)
+                n_rows += new.shape[0]
+            out_ids += seg.output_ids
+            logprobs += seg.logprobs
+            versions += seg.versions
+            if seg.finish_reason != "abort":
+                finish = seg.finish_reason
+                break
+            resumes += 1
+            self.stats["resumed"] += 1
+            if resumes > cfg.max_resumes:
+                raise SamplerError(
+                    f"request {req.rid}: aborted {resumes} times (last: {seg.finish_message!r}); "
+                    f"max_resumes={cfg.max_resumes}"
+                )
+        if inexact:
+            self.stats["inexact_versions"] += 1
+        routed = None
+        if req.return_routed_experts:
+            all_rows = (
+                np.concatenate(rows, axis=0)
+                if rows
+                else np.zeros((0, cfg.num_hidden_layers, cfg.topk), np.int32)
+            )
+            routed = to_learner_layout(
+                all_rows, num_tokens=len(prompt) + len(out_ids), moe_layers=cfg.moe_layers
+            )
+        info = {
+            "servers": servers_used,
+            "resumes": resumes,
+            "retries": retries,
+            "exact_versions": not inexact,
+        }
+        return GenerateResult(
+            rid=req.rid,
+            output_ids=out_ids,
+            logprobs_T=logprobs,
+            versions_T=versions,
+            finish_reason=finish,
+            routed_experts_T_L_K=routed,
+            info=info,
+        )
+
+    # -- pause / resume / weights --------------------------------------------------------------
+
+    async def _broadcast_control(self, path: str, body: dict) -> None:
+        await asyncio.gather(*(self._control(s, path, body) for s in self._pool.alive))
+
+    async def pause(self) -> None:
+        """Stop generation on every server; in ``abort`` mode running requests return and resume later."""
+        self._running.clear()
+        await self._broadcast_control("/pause_generation", {"mode": self.config.pause_mode})
+
+    async def resume(self) -> None:
+        await self._broadcast_control("/continue_generation", {})
+        self._running.set()
+
+    async def update_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+        """Move ``weights`` to every live server as ``version``, in flight (see module docstring)."""
+        if version <= self._version:
+            raise SamplerError(f"weight version must increase: have {self._version}, got {version}")
+        async with self._update_lock:
+            was_running = self._running.is_set()
+            if was_running:
+                await self.pause()
+            try:
+                if self.config.weight_transport == "disk":
+                    await self._update_from_disk(weights, version)
+                else:
+                    await self._update_distributed(weights, version)
+            finally:
+                if was_running:
+                    await self.resume()
+            self._version = version
+
+    def _flush_cache(self) -> bool:
+        # in_place keeps the paused requests' KV cache: flushing it is refused by the server.
+        return self.config.pause_mode != "in_place"
+
+    async def _update_from_disk(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+        assert self._writer is not None and self.config.export_dir is not None
+        path = Path(self.config.export_dir) / f"v{version:06d}"
+        await asyncio.to_thread(self._writer, weights, path)
+        body = {
+            "model_path": str(path),
+            "weight_version": str(version),
+            "flush_cache": self._flush_cache(),
+            "abort_all_requests": False,
+        }
+        await self._on_all(lambda s: self._control(s, "/update_weights_from_disk", body), version)
+        self._exports.append(path)
+        while len(self._exports) > self.config.keep_exports:
+            await asyncio.to_thread(shutil.rmtree, self._exports.pop(0), True)
+
+    async def _on_all(self, call: Callable[[ServerState], Any], version: int) -> None:
+        servers = self._pool.alive
+        results = await asyncio.gather(*(call(s) for s in servers), return_exceptions=True)
+        errors = []
+        for server, res in zip(servers, results, strict=True):
+            if isinstance(res, BaseException):
+                # A server that missed an update serves stale weights under a wrong tag: take it out.
+                self._pool.mark_dead(server)
+                errors.append(f"{server.url}: {res}")
+            else:
+                self._server_version[server.url] = version
+        if errors:
+            raise SamplerError(
+                f"weight update to version {version} failed (servers taken out): {'; '.join(errors)}"
+            )
+
+    async def _update_distributed(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+        if self._broadcaster is None:
+            raise ConfigError(
+                "weight_transport 'distributed' needs a broadcaster "
+                "(labrl.harness.samplers.sglang_dist.WeightBroadcaster)"
+            )
+        cfg = self.config
+        servers = self._pool.alive
+        if not self._group_ready:
+            await self._init_group(servers)
+        session = [s for s in servers if s.has_weight_update_session]
+        await asyncio.gather(*(self._control(s, "/begin_weight_update", {}) for s in session))
+        names = list(weights)
+        body = {
+            "names": names,
+            "dtypes": [str(weights[n].dtype).removeprefix("torch.") for n in names],
+            "shapes": [list(weights[n].shape) for n in names],
+            "group_name": cfg.group_name,
+            "weight_version": str(version),
+            "flush_cache": self._flush_cache(),
+        }
+        # Servers receive while this process sends: the HTTP calls return once every tensor arrived.
+        send = asyncio.to_thread(self._broadcaster.broadcast, [weights[n] for n in names])
+        calls = self._on_all(lambda s: self._control(s, "/update_weights_from_distributed", body), version)
+        results = await asyncio.gather(send, calls, return_exceptions=True)
+        for res in results:
+            if isinstance(res, BaseException):
+                raise res
+        await asyncio.gather(*(self._control(s, "/end_weight_update", {}) for s in session))
+
+    async def _init_group(self, servers: list[ServerState]) -> None:
+        cfg = self.config
+        world = 1 + sum(s.world_size for s in servers)
+        offsets, offset = [], 1
+        for s in servers:
+            offsets.append(offset)
+            offset += s.world_size
+
+        def body(rank_offset: int) -> dict:
+            return {
+                "master_address": cfg.master_address,
+                "master_port": cfg.master_port,
+                "rank_offset": rank_offset,
+                "world_size": world,
+                "group_name": cfg.group_name,
+                "backend": cfg.group_backend,
+            }
+
+        join = asyncio.to_thread(
+            self._broadcaster.init_group,
+            master_address=cfg.master_address,
+            master_port=cfg.master_port,
+            world_size=world,
+            group_name=cfg.group_name,
+            backend=cfg.group_backend,
+        )
+        calls = [
+            self._control(s, "/init_weights_update_group", body(o))
+            for s, o in zip(servers, offsets, strict=True)
+        ]
+        results = await asyncio.gather(join, *calls, return_exceptions=True)
+        for res in results:
+            if isinstance(res, BaseException):
+                raise SamplerError(f"init_weights_update_group failed: {res}") from res
+        self._group_ready = True
+
+
+class _TransportFailure(Exception):
+    """Internal: a call failed in a way worth a health check and a retry elsewhere."""

@@ -1,0 +1,226 @@
+"""The job journal: a SQLite (WAL) record of every experiment this client asked for.
+
+Experiments are expensive; losing one means paying for it twice. So:
+
+1. ``record(key, request)`` commits a row *before* the submit request goes
+   out (state ``pending``: we may or may not have reached the lab);
+2. ``attach(key, job_id)`` once the lab answered with a job id (``submitted``);
+3. ``deliver(key, status)`` stores the terminal status and result; it
+   succeeds once per key (``UPDATE ... WHERE delivered_at IS NULL``), so a
+   result that reaches the client twice (a retried poll, a repeated feed
+   event, two waiters) is handed to the caller exactly once.
+
+After a crash the rows that are not delivered are the work to resume: those
+with a job id are polled, those without are looked up by key at the lab
+(``LabAdapter.find``) before anything is submitted.
+
+SQLite calls run on one dedicated thread that owns the connection, so the
+event loop never waits on disk; every transaction is a single small
+statement. WAL with ``synchronous=NORMAL`` survives the process being killed
+(SIGKILL) at any point: a commit either happened or it did not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+from labrl.errors import LabRejectedError
+from labrl.lab_adapters.protocol import JobState, JobStatus, request_hash
+
+T = TypeVar("T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    key TEXT PRIMARY KEY,
+    request_hash TEXT NOT NULL,
+    request TEXT NOT NULL,
+    job_id TEXT,
+    state TEXT NOT NULL,
+    result TEXT,
+    error TEXT,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    delivered_at REAL
+);
+CREATE INDEX IF NOT EXISTS jobs_open ON jobs (delivered_at) WHERE delivered_at IS NULL;
+"""
+
+PENDING = "pending"
+SUBMITTED = "submitted"
+
+
+class JournalEntry(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    request_hash: str
+    request: dict[str, Any]
+    job_id: str | None
+    state: str
+    result: dict[str, Any] | None
+    error: str | None
+    delivered: bool
+
+    def status(self) -> JobStatus:
+        """The delivered terminal status (only meaningful once ``delivered``)."""
+        return JobStatus(
+            job_id=self.job_id or "",
+            idempotency_key=self.key,
+            state=JobState(self.state),
+            result=self.result,
+            error=self.error,
+            request_hash=self.request_hash,
+        )
+
+
+def _row(row: tuple[Any, ...]) -> JournalEntry:
+    key, rhash, request, job_id, state, result, error, delivered_at = row
+    return JournalEntry(
+        key=key,
+        request_hash=rhash,
+        request=json.loads(request),
+        job_id=job_id,
+        state=state,
+        result=json.loads(result) if result is not None else None,
+        error=error,
+        delivered=delivered_at is not None,
+    )
+
+
+_COLUMNS = "key, request_hash, request, job_id, state, result, error, delivered_at"
+
+
+class Journal:
+    """See the module docstring. Open with ``Journal(path)``; close with ``await close()``."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="labrl-journal")
+        self._conn: sqlite3.Connection = self._thread.submit(self._open).result()
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA busy_timeout=5000")
+        conn.executescript(_SCHEMA)
+        return conn
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn)
+
+    async def close(self) -> None:
+        await self._run(self._conn.close)
+        self._thread.shutdown(wait=True)
+
+    # -- writes -----------------------------------------------------------------
+
+    async def record(self, key: str, request: dict[str, Any]) -> tuple[JournalEntry, bool]:
+        """Record ``key`` before submitting; returns ``(entry, created)``.
+
+        ``created`` is False when the key was already journaled (a resumed or
+        repeated run): then the caller must look for an existing job before
+        submitting anything.
+
+        A key already recorded with a different request is refused: reusing a
+        key for another experiment is a caller bug that would otherwise return
+        the wrong result.
+        """
+        rhash = request_hash(request)
+        body = json.dumps(request, sort_keys=True, allow_nan=False)
+
+        def write() -> tuple[JournalEntry, bool]:
+            now = time.time()
+            cur = self._conn.execute(
+                "INSERT OR IGNORE INTO jobs (key, request_hash, request, state, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (key, rhash, body, PENDING, now, now),
+            )
+            row = self._conn.execute(f"SELECT {_COLUMNS} FROM jobs WHERE key = ?", (key,)).fetchone()
+            return _row(row), cur.rowcount == 1
+
+        entry, created = await self._run(write)
+        if entry.request_hash != rhash:
+            raise LabRejectedError(
+                f"idempotency key {key!r} is already journaled for a different request "
+                f"(hash {entry.request_hash[:12]} vs {rhash[:12]}): use a new key for a new experiment"
+            )
+        return entry, created
+
+    async def attach(self, key: str, job_id: str) -> None:
+        def write() -> None:
+            self._conn.execute(
+                "UPDATE jobs SET job_id = ?, state = CASE WHEN state = ? THEN ? ELSE state END, updated_at = ? "
+                "WHERE key = ?",
+                (job_id, PENDING, SUBMITTED, time.time(), key),
+            )
+
+        await self._run(write)
+
+    async def reject(self, key: str, error: str) -> bool:
+        """Mark a submission the lab refused; True if this call delivered it."""
+
+        def write() -> bool:
+            cur = self._conn.execute(
+                "UPDATE jobs SET state = 'rejected', error = ?, delivered_at = ?, updated_at = ? "
+                "WHERE key = ? AND delivered_at IS NULL",
+                (error, time.time(), time.time(), key),
+            )
+            return cur.rowcount == 1
+
+        return await self._run(write)
+
+    async def deliver(self, key: str, status: JobStatus) -> bool:
+        """Store the terminal ``status``; True only for the first delivery of ``key``."""
+        if not status.state.terminal:
+            raise ValueError(f"deliver() needs a terminal status, got {status.state.value}")
+        result = json.dumps(status.result, sort_keys=True) if status.result is not None else None
+
+        def write() -> bool:
+            now = time.time()
+            cur = self._conn.execute(
+                "UPDATE jobs SET job_id = ?, state = ?, result = ?, error = ?, delivered_at = ?, updated_at = ? "
+                "WHERE key = ? AND delivered_at IS NULL",
+                (status.job_id, status.state.value, result, status.error, now, now, key),
+            )
+            return cur.rowcount == 1
+
+        return await self._run(write)
+
+    # -- reads ------------------------------------------------------------------
+
+    async def get(self, key: str) -> JournalEntry | None:
+        def read() -> JournalEntry | None:
+            row = self._conn.execute(f"SELECT {_COLUMNS} FROM jobs WHERE key = ?", (key,)).fetchone()
+            return _row(row) if row else None
+
+        return await self._run(read)
+
+    async def open_entries(self) -> list[JournalEntry]:
+        """Entries recorded but not delivered: the work a restarted client resumes."""
+
+        def read() -> list[JournalEntry]:
+            rows = self._conn.execute(
+                f"SELECT {_COLUMNS} FROM jobs WHERE delivered_at IS NULL ORDER BY created_at"
+            ).fetchall()
+            return [_row(r) for r in rows]
+
+        return await self._run(read)
+
+    async def counts(self) -> dict[str, int]:
+        """``{state: n}`` over all entries."""
+
+        def read() -> dict[str, int]:
+            return dict(self._conn.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
+
+        return await self._run(read)

@@ -1,0 +1,49 @@
+"""The ``labrl`` command line.
+
+Each command group lives in its own module under ``labrl.commands`` and
+exposes ``add_parser(subparsers)``, which registers its sub-commands and sets
+``func(args) -> int`` on each. Groups are imported only when named, so
+``labrl envs list`` does not import torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from labrl.errors import LabrlError
+
+# group name -> (module, one-line help)
+COMMAND_GROUPS: dict[str, tuple[str, str]] = {
+    "envs": ("labrl.commands.envs", "list, show, sample and check environments"),
+}
+
+
+def build_parser(groups: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="labrl", description="labrl: RL on high-latency scientific environments")
+    sub = parser.add_subparsers(dest="group", metavar="COMMAND", required=True)
+    for name in groups if groups is not None else COMMAND_GROUPS:
+        module_name, _help = COMMAND_GROUPS[name]
+        importlib.import_module(module_name).add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Import only the named group: keeps `labrl envs list` fast.
+    named = [argv[0]] if argv and argv[0] in COMMAND_GROUPS else None
+    parser = build_parser(named)
+    if named is None and argv and not argv[0].startswith("-"):
+        parser.error(f"unknown command {argv[0]!r}; choose from {', '.join(COMMAND_GROUPS)}")
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except LabrlError as exc:
+        print(f"labrl: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

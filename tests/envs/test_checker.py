@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from labrl.cli import main
+from labrl.envs import Action, check_env
+
+
+@pytest.mark.parametrize("env_id", ["test/echo-v0", "test/calculator-v0"])
+def test_well_behaved_envs_pass(env_id):
+    report = check_env(env_id, seeds=4)
+    assert report.passed, [c for c in report.checks if not c.passed]
+    assert [c.name for c in report.checks] == ["spec", "determinism", "splits", "json", "timeout", "invalid_action", "gold", "max_turns"]
+    gold = next(c for c in report.checks if c.name == "gold")
+    assert gold.detail == "gold scores 1.0 on 3 tasks"
+
+
+def test_checker_catches_a_nondeterministic_env(monkeypatch):
+    from labrl_test_envs import EchoEnv
+
+    counter = iter(range(10_000))
+    monkeypatch.setattr(EchoEnv, "make_task", lambda self, split, seed, _orig=EchoEnv.make_task: _orig(self, split, seed + next(counter)))
+    report = check_env("test/echo-v0", seeds=2)
+    determinism = next(c for c in report.checks if c.name == "determinism")
+    assert not report.passed and not determinism.passed
+    assert determinism.detail == "make_task('train', 0) differs between two calls"
+
+
+def test_checker_catches_garbage_scored_as_ok(monkeypatch):
+    from labrl_test_envs import EchoEnv
+
+    async def lenient_step(self, action: Action):
+        from labrl.envs import StepResult
+
+        return StepResult(reward=0.0, done=True)
+
+    monkeypatch.setattr(EchoEnv, "step", lenient_step)
+    report = check_env("test/echo-v0", seeds=2)
+    failed = {c.name: c.detail for c in report.checks if not c.passed}
+    assert failed["invalid_action"] == "garbage action '' gave outcome ok, not invalid_action"
+    assert failed["gold"] == "gold answer on test seed 0 scored 0.0, not 1.0"
+
+
+def test_checker_catches_a_leaky_split(monkeypatch):
+    from labrl_test_envs import EchoEnv
+
+    original = EchoEnv.make_task
+    monkeypatch.setattr(EchoEnv, "make_task", lambda self, split, seed: original(self, "train", seed).model_copy(update={"split": split, "task_id": f"{split}-{seed}"}))
+    report = check_env("test/echo-v0", seeds=3)
+    splits = next(c for c in report.checks if c.name == "splits")
+    assert splits.detail == "3 task(s) appear in both train and test with the same content"
+
+
+def test_cli_check_json_and_exit_codes(capsys, monkeypatch):
+    assert main(["envs", "check", "test/echo-v0", "--seeds", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report[0]["env_id"] == "test/echo-v0" and report[0]["passed"] is True
+    from labrl_test_envs import EchoEnv
+
+    async def crash(self, action):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(EchoEnv, "step", crash)
+    assert main(["envs", "check", "test/echo-v0", "--seeds", "2"]) == 1
+    assert "FAIL test/echo-v0" in capsys.readouterr().out

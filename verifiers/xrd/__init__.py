@@ -1,0 +1,1 @@
+"""labrl.verifiers.xrd"""
