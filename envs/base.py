@@ -69,7 +69,9 @@ class Env(ABC):
 
     def random_action(self, task: Task, rng: random.Random) -> Action:
         """An uninformed action for dry runs; envs override with something on-format."""
-        return Action(text="".join(rng.choice("abcdefghij {}[]:,\"0123456789") for _ in range(rng.randint(0, 40))))
+        return Action(
+            text="".join(rng.choice('abcdefghij {}[]:,"0123456789') for _ in range(rng.randint(0, 40)))
+        )
 
     @property
     def unwrapped(self) -> Env:

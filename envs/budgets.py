@@ -126,7 +126,9 @@ class BudgetedEnv(Env):
         except Exception as exc:  # a broken env is env_error, never a reward
             result = _failed(Outcome.ENV_ERROR, exc)
         if last_turn and not (result.done or result.truncated):
-            result = result.model_copy(update={"truncated": True, "info": {**result.info, "max_turns_reached": True}})
+            result = result.model_copy(
+                update={"truncated": True, "info": {**result.info, "max_turns_reached": True}}
+            )
         self._episode_over = result.done or result.truncated
         return result
 

@@ -13,4 +13,8 @@ from labrl.envs.registry import register
 def register_builtin_envs() -> None:
     # one line per env: register("ns/name-vN", entry_point="labrl.envs.pkg:Class", **defaults)
     register("judged/science-qa-v0", entry_point="labrl.envs.judged:ScienceQAEnv")
+    register("xrd/phase-id-v0", entry_point="labrl.envs.xrd:PhaseIdEnv")
+    register("xrd/phase-id-tools-v0", entry_point="labrl.envs.xrd:PhaseIdToolsEnv")
+    register("sim/lattice-constant-v0", entry_point="labrl.envs.sim:LatticeConstantEnv")
+    register("sim/structure-search-v0", entry_point="labrl.envs.sim:StructureSearchEnv")
     pass

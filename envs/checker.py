@@ -193,7 +193,9 @@ class _Checker:
         finally:
             await env.close()
         if result.outcome is not Outcome.TIMEOUT or result.reward is not None:
-            raise CheckFailed(f"a step slower than its deadline ended with {result.outcome.value}, reward {result.reward}")
+            raise CheckFailed(
+                f"a step slower than its deadline ended with {result.outcome.value}, reward {result.reward}"
+            )
         if elapsed > deadline + TIMEOUT_SLACK_S:
             raise CheckFailed(f"the slow step returned after {elapsed:.2f} s, deadline {deadline} s")
         return f"timeout after {elapsed:.2f} s (deadline {deadline} s)"
@@ -207,7 +209,9 @@ class _Checker:
         for text in GARBAGE_ACTIONS:
             (result,) = await self.play(task, [parse_action(text)])
             if result.outcome is not Outcome.INVALID_ACTION:
-                raise CheckFailed(f"garbage action {text!r} gave outcome {result.outcome.value}, not invalid_action")
+                raise CheckFailed(
+                    f"garbage action {text!r} gave outcome {result.outcome.value}, not invalid_action"
+                )
             if not result.observation.messages:
                 raise CheckFailed(f"garbage action {text!r} got no message telling the model what was wrong")
         return f"{len(GARBAGE_ACTIONS)} garbage actions -> invalid_action"
@@ -223,13 +227,19 @@ class _Checker:
                     continue
                 episode = await run_episode(self.fresh(), task, scripted_policy(list(gold)))
                 if episode.outcome is not Outcome.OK or episode.reward is None:
-                    raise CheckFailed(f"gold answer on test seed {seed} ended {episode.outcome.value}: {episode.error}")
+                    raise CheckFailed(
+                        f"gold answer on test seed {seed} ended {episode.outcome.value}: {episode.error}"
+                    )
                 if abs(episode.reward - FULL_REWARD) > 1e-6:
-                    raise CheckFailed(f"gold answer on test seed {seed} scored {episode.reward}, not {FULL_REWARD}")
+                    raise CheckFailed(
+                        f"gold answer on test seed {seed} scored {episode.reward}, not {FULL_REWARD}"
+                    )
                 played += 1
         finally:
             await env.close()
-        return f"gold scores {FULL_REWARD} on {played} tasks" if played else "env has no gold answer (skipped)"
+        return (
+            f"gold scores {FULL_REWARD} on {played} tasks" if played else "env has no gold answer (skipped)"
+        )
 
     async def check_max_turns(self) -> str:
         env = self.fresh()
@@ -242,7 +252,9 @@ class _Checker:
         episode = await run_episode(env, task, random_policy, max_turns=env.spec.budgets.max_turns + 5)
         await env.close()
         if episode.num_turns > env.spec.budgets.max_turns:
-            raise CheckFailed(f"episode ran {episode.num_turns} turns, max_turns is {env.spec.budgets.max_turns}")
+            raise CheckFailed(
+                f"episode ran {episode.num_turns} turns, max_turns is {env.spec.budgets.max_turns}"
+            )
         return f"random episode ended after {episode.num_turns} turn(s), outcome {episode.outcome.value}"
 
 

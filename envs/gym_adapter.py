@@ -46,7 +46,9 @@ def render_messages(messages: tuple[Message, ...], limit: int) -> str:
 class GymnasiumEnv(gymnasium.Env[str, str]):
     metadata = {"render_modes": []}  # noqa: RUF012  (Gymnasium's class-level convention)
 
-    def __init__(self, env: str | Env, *, split: Split = "train", max_observation_chars: int = 32768, **options: Any) -> None:
+    def __init__(
+        self, env: str | Env, *, split: Split = "train", max_observation_chars: int = 32768, **options: Any
+    ) -> None:
         self.env = make(env, **options) if isinstance(env, str) else env
         self.labrl_spec = self.env.spec
         self.split = split
@@ -59,14 +61,19 @@ class GymnasiumEnv(gymnasium.Env[str, str]):
     def _run(self, coro: Any) -> Any:
         return self._loop.run_until_complete(coro)
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         split = (options or {}).get("split", self.split)
         task_seed = seed if seed is not None else int(self.np_random.integers(0, 2**31 - 1))
         task = self.env.make_task(split, task_seed)
         observation = self._run(self.env.reset(task))
         self._running = True
-        info = {"task_id": task.task_id, "tools": [t.name for t in observation.tools or self.labrl_spec.tools]}
+        info = {
+            "task_id": task.task_id,
+            "tools": [t.name for t in observation.tools or self.labrl_spec.tools],
+        }
         return render_messages(observation.messages, self.max_observation_chars), info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -76,7 +83,13 @@ class GymnasiumEnv(gymnasium.Env[str, str]):
         self._running = not (result.done or result.truncated)
         info = {"outcome": result.outcome.value, **result.info}
         reward = float(result.reward) if result.reward is not None else 0.0
-        return render_messages(result.observation.messages, self.max_observation_chars), reward, result.done, result.truncated, info
+        return (
+            render_messages(result.observation.messages, self.max_observation_chars),
+            reward,
+            result.done,
+            result.truncated,
+            info,
+        )
 
     def close(self) -> None:
         if not self._loop.is_closed():

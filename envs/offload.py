@@ -45,7 +45,9 @@ def cpu_pool() -> ProcessPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ProcessPoolExecutor(max_workers=_default_workers(), mp_context=mp.get_context(_MP_CONTEXT))
+            _pool = ProcessPoolExecutor(
+                max_workers=_default_workers(), mp_context=mp.get_context(_MP_CONTEXT)
+            )
         return _pool
 
 
@@ -101,7 +103,9 @@ async def run_killable(fn: Callable[..., T], *args: Any, timeout: float, **kwarg
                 await readable
         except TimeoutError:
             process.kill()
-            raise EnvTimeoutError(f"{getattr(fn, '__name__', fn)!s} did not finish within {timeout:g} s; killed") from None
+            raise EnvTimeoutError(
+                f"{getattr(fn, '__name__', fn)!s} did not finish within {timeout:g} s; killed"
+            ) from None
         try:
             status, payload = parent_conn.recv()
         except EOFError:

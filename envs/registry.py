@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import inspect
 from collections.abc import Callable, Mapping
@@ -54,7 +55,9 @@ class Registration:
             return self.entry_point
         module_name, _, attr = self.entry_point.partition(":")
         if not attr:
-            raise RegistryError(f"entry point {self.entry_point!r} for {self.id} must look like 'module:attr'")
+            raise RegistryError(
+                f"entry point {self.entry_point!r} for {self.id} must look like 'module:attr'"
+            )
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
@@ -62,7 +65,9 @@ class Registration:
         try:
             return getattr(module, attr)
         except AttributeError:
-            raise RegistryError(f"module {module_name!r} has no {attr!r} (entry point of env {self.id})") from None
+            raise RegistryError(
+                f"module {module_name!r} has no {attr!r} (entry point of env {self.id})"
+            ) from None
 
 
 _REGISTRY: dict[str, Registration] = {}
@@ -72,7 +77,9 @@ _plugins_loaded = False
 def register(env_id: str, entry_point: EntryPoint, *, source: str = "labrl", **defaults: Any) -> None:
     """Register ``env_id``; registering the same id twice is an error."""
     if not ENV_ID_PATTERN.match(env_id):
-        raise RegistryError(f"env id {env_id!r} must look like 'namespace/name-vN' (lowercase, e.g. 'xrd/phase-id-v0')")
+        raise RegistryError(
+            f"env id {env_id!r} must look like 'namespace/name-vN' (lowercase, e.g. 'xrd/phase-id-v0')"
+        )
     if env_id in _REGISTRY:
         raise RegistryError(f"env {env_id!r} is already registered (by {_REGISTRY[env_id].source})")
     _REGISTRY[env_id] = Registration(env_id, entry_point, dict(defaults), source)
@@ -130,13 +137,26 @@ def _unknown_id_message(env_id: str) -> str:
     return f"unknown env {env_id!r}{hint} (see `labrl envs list`)"
 
 
-def _build(factory: Callable[..., Env], env_id: str, kwargs: dict[str, Any]) -> Env:
+@functools.cache
+def _accepted_options(factory: Callable[..., Env]) -> tuple[str, ...] | None:
+    """Keyword names ``factory`` accepts, or None when it takes ``**kwargs`` (or has no signature).
+
+    Cached: ``make`` runs once per episode, thousands of times a second.
+    """
     try:
         signature = inspect.signature(factory)
     except (TypeError, ValueError):
-        signature = None
-    if signature is not None and not any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
-        accepted = [n for n, p in signature.parameters.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
+        return None
+    return tuple(
+        n for n, p in signature.parameters.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+    )
+
+
+def _build(factory: Callable[..., Env], env_id: str, kwargs: dict[str, Any]) -> Env:
+    accepted = _accepted_options(factory)
+    if accepted is not None:
         unknown = sorted(set(kwargs) - set(accepted))
         if unknown:
             hints = []
@@ -152,7 +172,9 @@ def _build(factory: Callable[..., Env], env_id: str, kwargs: dict[str, Any]) -> 
     return env
 
 
-def make(env_id: str, *, budgets: Mapping[str, Any] | None = None, checked: bool = True, **overrides: Any) -> Env:
+def make(
+    env_id: str, *, budgets: Mapping[str, Any] | None = None, checked: bool = True, **overrides: Any
+) -> Env:
     """Build ``env_id`` with registered defaults and ``overrides``, wrapped in ``BudgetedEnv``.
 
     ``budgets`` overrides fields of ``spec.budgets`` (e.g. ``{"step_timeout_s": 30}``);
@@ -173,7 +195,9 @@ def make(env_id: str, *, budgets: Mapping[str, Any] | None = None, checked: bool
 def _merge_budgets(current: Budgets, overrides: Mapping[str, Any], env_id: str) -> Budgets:
     unknown = sorted(set(overrides) - set(Budgets.model_fields))
     if unknown:
-        raise ConfigError(f"{env_id}: unknown budget field(s) {unknown}; known: {sorted(Budgets.model_fields)}")
+        raise ConfigError(
+            f"{env_id}: unknown budget field(s) {unknown}; known: {sorted(Budgets.model_fields)}"
+        )
     try:
         return Budgets.model_validate({**current.model_dump(), **overrides})
     except ValueError as exc:

@@ -30,7 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 Role = Literal["system", "user", "assistant", "tool"]
 Split = Literal["train", "test"]
 
-ENV_ID_PATTERN = re.compile(r"^(?:(?P<namespace>[a-z0-9][a-z0-9_.-]*)/)?(?P<name>[a-z0-9][a-z0-9_.-]*?)-v(?P<version>\d+)$")
+ENV_ID_PATTERN = re.compile(
+    r"^(?:(?P<namespace>[a-z0-9][a-z0-9_.-]*)/)?(?P<name>[a-z0-9][a-z0-9_.-]*?)-v(?P<version>\d+)$"
+)
 
 
 class _Record(BaseModel):
@@ -175,7 +177,9 @@ class EnvSpec(_Record):
     @classmethod
     def _versioned_id(cls, value: str) -> str:
         if not ENV_ID_PATTERN.match(value):
-            raise ValueError(f"env id {value!r} must look like 'namespace/name-vN' (lowercase, e.g. 'xrd/phase-id-v0')")
+            raise ValueError(
+                f"env id {value!r} must look like 'namespace/name-vN' (lowercase, e.g. 'xrd/phase-id-v0')"
+            )
         return value
 
     @property

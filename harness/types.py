@@ -124,7 +124,9 @@ class Trajectory:
         n = len(self.tokens_T)
         lengths = {len(self.loss_mask_T), len(self.logprobs_T), len(self.versions_T)}
         if lengths != {n}:
-            raise ValueError(f"Trajectory {self.task_id}: per-token lists differ in length ({n}, {sorted(lengths)})")
+            raise ValueError(
+                f"Trajectory {self.task_id}: per-token lists differ in length ({n}, {sorted(lengths)})"
+            )
         if self.routed_experts_T_L_K is not None and self.routed_experts_T_L_K.shape[0] != n:
             raise ValueError(
                 f"Trajectory {self.task_id}: routed experts cover {self.routed_experts_T_L_K.shape[0]} tokens, expected {n}"

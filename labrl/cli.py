@@ -18,11 +18,16 @@ from labrl.errors import LabrlError
 # group name -> (module, one-line help)
 COMMAND_GROUPS: dict[str, tuple[str, str]] = {
     "envs": ("labrl.commands.envs", "list, show, sample and check environments"),
+    "serve": ("labrl.commands.serve", "launch and supervise an inference server (sglang)"),
+    "lab": ("labrl.commands.lab", "run the mock autonomous lab (serve-mock)"),
+    "judge": ("labrl.commands.judge", "rubric judges: run the mock judge, validate rubric task files"),
 }
 
 
 def build_parser(groups: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="labrl", description="labrl: RL on high-latency scientific environments")
+    parser = argparse.ArgumentParser(
+        prog="labrl", description="labrl: RL on high-latency scientific environments"
+    )
     sub = parser.add_subparsers(dest="group", metavar="COMMAND", required=True)
     for name in groups if groups is not None else COMMAND_GROUPS:
         module_name, _help = COMMAND_GROUPS[name]

@@ -33,8 +33,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from labrl.envs.base import Env
-from labrl.envs.types import Action, Budgets, EnvSpec, Message, Observation, Split, StepResult, Task
 from labrl.envs.judged.tasks import QATask, load_tasks
+from labrl.envs.types import Action, Budgets, EnvSpec, Message, Observation, Split, StepResult, Task
 from labrl.errors import ConfigError, EnvError, InvalidActionError
 from labrl.verifiers.rubric import JudgeClient, JudgeConfig, Rubric, RubricGrader
 
@@ -114,7 +114,9 @@ class ScienceQAEnv(Env):
         """Task ``seed mod n`` of the split's tasks sorted by id (seeds 0..n-1 visit every task)."""
         pool = self._by_split.get(split)
         if not pool:
-            raise ConfigError(f"{ENV_ID}: split {split!r} has no tasks in {self.config.tasks_path or 'the shipped set'}")
+            raise ConfigError(
+                f"{ENV_ID}: split {split!r} has no tasks in {self.config.tasks_path or 'the shipped set'}"
+            )
         qa = pool[seed % len(pool)]
         return Task(
             env_id=ENV_ID,
@@ -144,7 +146,10 @@ class ScienceQAEnv(Env):
             raise EnvError(f"{ENV_ID}: task {task.task_id!r} has no question or no rubric")
         self._task = task
         return Observation(
-            messages=(Message(role="system", content=SYSTEM_PROMPT), Message(role="user", content=task.prompt["question"])),
+            messages=(
+                Message(role="system", content=SYSTEM_PROMPT),
+                Message(role="user", content=task.prompt["question"]),
+            ),
             info={"topic": task.prompt.get("topic"), "task_id": task.task_id},
         )
 
@@ -171,7 +176,9 @@ class ScienceQAEnv(Env):
 
     def _get_grader(self) -> RubricGrader:
         if self._grader is None:
-            self._grader = RubricGrader([JudgeClient(c) for c in self.config.judges], aggregate=self.config.aggregate)
+            self._grader = RubricGrader(
+                [JudgeClient(c) for c in self.config.judges], aggregate=self.config.aggregate
+            )
         return self._grader
 
     async def step(self, action: Action) -> StepResult:

@@ -75,15 +75,21 @@ def parse_tasks(lines: list[str], source: str) -> tuple[QATask, ...]:
         try:
             data = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"{source}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+            raise ConfigError(
+                f"{source}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})"
+            ) from None
         if not isinstance(data, dict):
-            raise ConfigError(f"{source}:{lineno}: each line must be a JSON object, got {type(data).__name__}")
+            raise ConfigError(
+                f"{source}:{lineno}: each line must be a JSON object, got {type(data).__name__}"
+            )
         try:
             task = QATask.model_validate(data)
         except ValidationError as exc:
             raise ConfigError(f"{source}:{lineno}: invalid task: {_describe(exc)}") from None
         if task.id in seen:
-            raise ConfigError(f"{source}:{lineno}: duplicate task id {task.id!r} (first on line {seen[task.id]})")
+            raise ConfigError(
+                f"{source}:{lineno}: duplicate task id {task.id!r} (first on line {seen[task.id]})"
+            )
         seen[task.id] = lineno
         tasks.append(task)
     if not tasks:

@@ -232,7 +232,8 @@ class ObjectiveConfig(BaseModel):
 def _describe(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "<config>"
+        loc = ".".join(str(p) for p in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
-        parts.append(f"{loc}: {msg}")
+        # Cross-field checks have no single location; their message names the fields.
+        parts.append(f"{loc}: {msg}" if loc else msg)
     return "invalid objective config: " + "; ".join(parts)

@@ -99,7 +99,7 @@ def m2po_mask(
         return M2POResult(keep_B_T, none, active, before, before)
     vals_desc, order = torch.sort(vals, descending=True, stable=True)
     prefix = torch.cat([vals.new_zeros(1), vals_desc.cumsum(0)])  # P_0 .. P_n
-    remaining = n - torch.arange(n + 1, dtype=torch.float64)
+    remaining = n - torch.arange(n + 1, dtype=torch.float64, device=vals.device)
     m2_k = torch.where(remaining > 0, (prefix[-1] - prefix) / remaining.clamp(min=1), 0.0)
     # Tolerance for round-off in the prefix sums when a k fits tau exactly.
     k = int((m2_k <= tau * (1 + 1e-12)).nonzero()[0].item())

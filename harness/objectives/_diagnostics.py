@@ -26,16 +26,14 @@ STALENESS_BUCKETS = ((0, 0), (1, 1), (2, 3), (4, 7), (8, 15), (16, 31), (32, 63)
 
 
 def mismatch_kl(log_w_B_T: torch.Tensor, valid_B_T: torch.Tensor) -> dict[str, float]:
-    """Mean k1 / k2 / k3 of KL(mu || pi_old) over valid tokens."""
-    n = int(valid_B_T.sum().item())
-    if n == 0:
+    """Mean k1 / k2 / k3 of KL(mu || pi_old) over valid tokens (samples from mu, ``l = log w``)."""
+    lw = log_w_B_T[valid_B_T].double()
+    if lw.numel() == 0:
         return {}
-    logp_mu = torch.zeros_like(log_w_B_T, dtype=torch.float64)
-    out = {}
-    for kind in ("k1", "k2", "k3"):
-        k = kl_estimate(logp_mu, log_w_B_T.double(), kind, clamp=math.inf)
-        out[f"mismatch/kl_{kind}"] = float(k[valid_B_T].sum().item()) / n
-    return out
+    zero = lw.new_zeros(())  # log-prob of the sampling policy relative to itself
+    return {
+        f"mismatch/kl_{k}": float(kl_estimate(zero, lw, k, clamp=math.inf).mean()) for k in ("k1", "k2", "k3")
+    }
 
 
 def effective_sample_size(log_w_B_T: torch.Tensor, valid_B_T: torch.Tensor) -> float | None:
@@ -49,15 +47,15 @@ def effective_sample_size(log_w_B_T: torch.Tensor, valid_B_T: torch.Tensor) -> f
 
 def quantiles(values: torch.Tensor, qs: tuple[float, ...] = RATIO_QUANTILES) -> list[float]:
     """Linear-interpolated quantiles of a 1-D tensor (sort based: no size limit, unlike torch.quantile)."""
-    v = values.double().sort().values
+    v = values.sort().values
     n = v.numel()
     out = []
     for q in qs:
         pos = q * (n - 1)
         lo = math.floor(pos)
         hi = min(lo + 1, n - 1)
-        frac = pos - lo
-        out.append(float(v[lo] + (v[hi] - v[lo]) * frac))
+        a, b = float(v[lo]), float(v[hi])
+        out.append(a + (b - a) * (pos - lo))
     return out
 
 
@@ -85,13 +83,16 @@ def staleness_stats(
     versions_B_T: torch.Tensor, valid_B_T: torch.Tensor, learner_version: int
 ) -> dict[str, float]:
     """Per-token staleness ``learner_version - version`` over valid tokens: mean, max, bucket fractions."""
-    s = (learner_version - versions_B_T[valid_B_T]).double()
+    s = learner_version - versions_B_T[valid_B_T]
     n = s.numel()
     if n == 0:
         return {}
-    out = {"staleness/mean": float(s.mean()), "staleness/max": float(s.max())}
-    for lo, hi in STALENESS_BUCKETS:
-        out[_bucket_name(lo, hi)] = float(((s >= lo) & (s <= hi)).sum()) / n
+    out = {"staleness/mean": float(s.double().mean()), "staleness/max": float(s.max())}
+    # bucket b holds staleness in [edges[b-1], edges[b]); the last bucket is open-ended
+    edges = torch.tensor([hi + 1 for _, hi in STALENESS_BUCKETS], device=s.device)
+    counts = torch.bincount(torch.bucketize(s, edges, right=True), minlength=len(STALENESS_BUCKETS) + 1)
+    for (lo, hi), c in zip(STALENESS_BUCKETS, counts.tolist(), strict=False):
+        out[_bucket_name(lo, hi)] = c / n
     last = STALENESS_BUCKETS[-1][1] + 1
-    out[f"staleness/frac_{last}_plus"] = float((s >= last).sum()) / n
+    out[f"staleness/frac_{last}_plus"] = counts[-1].item() / n
     return out

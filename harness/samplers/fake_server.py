@@ -537,3 +537,50 @@ class ServerThread:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m labrl.harness.samplers.fake_server --model-path CKPT --port N``: SGLang's CLI shape.
+
+    Serves an exported HF checkpoint (``labrl.harness.hf_export``) with
+    ``LocalSampler`` on CPU, so ``labrl serve sglang --launcher ...`` and the
+    ``sampler: sglang`` pipeline run without a GPU.
+    """
+    import argparse
+
+    import uvicorn
+    from labrl.harness.hf_import import config_from_hf, load_hf_checkpoint
+    from labrl.harness.samplers.local import LocalSampler
+    from labrl.harness.samplers.sglang_dist import WeightReceiver
+
+    p = argparse.ArgumentParser(prog="fake_server")
+    p.add_argument("--model-path", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--enable-return-routed-experts", action="store_true")
+    p.add_argument("--weight-version", default="default")
+    p.add_argument("--sglang-version", choices=("0.5.23", "0.5.15"), default="0.5.23")
+    args, _ignored = p.parse_known_args(argv)  # other SGLang flags (--tp-size, ...) mean nothing here
+    cfg = config_from_hf(args.model_path)
+    version = int(args.weight_version) if args.weight_version.isdigit() else 0
+    backend = LocalSampler(cfg, weights=load_hf_checkpoint(args.model_path, cfg), version=version)
+    server = FakeSGLangServer(
+        backend,
+        FakeServerConfig(
+            sglang_version=args.sglang_version,
+            num_hidden_layers=cfg.num_layers,
+            moe_layers=tuple(cfg.moe_layer_indices),
+            topk=cfg.moe_router_topk,
+            enable_return_routed_experts=args.enable_return_routed_experts,
+            weight_version=args.weight_version,
+            model_path=args.model_path,
+        ),
+        load_weights=lambda path: load_hf_checkpoint(path, cfg),
+        receiver_factory=WeightReceiver,
+    )
+    uvicorn.run(server.app, host=args.host, port=args.port, log_level="warning", lifespan="off")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -64,13 +64,18 @@ WeightWriter = Callable[[Mapping[str, torch.Tensor], Path], None]
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
+    """``"0.5.15.post1"`` -> (0, 5, 15); ``"0.5.23rc1"`` -> (0, 5, 23)."""
     parts: list[int] = []
     for piece in version.split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
         if not digits:
             break
         parts.append(int(digits))
-        if not piece.isdigit():  # "23rc1", "15.post1": stop at the first non-numeric piece
+        if digits != piece:
             break
     return tuple(parts)
 

@@ -15,10 +15,10 @@ Routed experts travel as base64 of raw little-endian int32 with shape
 ``(prompt_len + output_len - 1 - start_len, num_hidden_layers, topk)``: all
 layers (dense ones included, never written by the server), no row for the
 last sampled token (it was never fed back in). The learner wants
-``(prompt_len + output_len, num_moe_layers, topk)``; ``decode_routed_experts``
-converts, padding the missing last row by repeating the previous one (the
-last token carries loss but its routing is never replayed for a *next*
-token, so any valid expert id works; repeating keeps ids in range).
+``(prompt_len + output_len, num_moe_layers, topk)``; ``to_learner_layout``
+converts, padding the missing last row with experts ``0..topk-1`` like
+``LocalSampler`` (the last token is never fed back: its row affects no
+trained log-prob).
 """
 
 from __future__ import annotations
@@ -238,10 +238,13 @@ def to_learner_layout(rows_R_N_K: np.ndarray, *, num_tokens: int, moe_layers: Se
     """Server rows for tokens ``[0, num_tokens - 1)`` over all layers -> ``(num_tokens, moe_layers, topk)``.
 
     Drops dense layers (keeps the hidden-layer indices in ``moe_layers``) and
-    pads the last token's missing row with a copy of the row before it.
+    pads the last token's missing row with experts ``0..topk-1`` (as
+    ``LocalSampler`` does: that token is never fed back, its row is replayed
+    for no trained log-prob).
     """
     if rows_R_N_K.shape[0] != num_tokens - 1:
         raise SamplerError(f"routed experts have {rows_R_N_K.shape[0]} rows for {num_tokens} tokens")
     moe = rows_R_N_K[:, list(moe_layers), :]  # (T-1, L, K)
-    last = moe[-1:] if moe.shape[0] else np.zeros((1, *moe.shape[1:]), dtype=moe.dtype)
+    topk = rows_R_N_K.shape[2]
+    last = np.broadcast_to(np.arange(topk, dtype=np.int32), (1, len(moe_layers), topk))
     return np.concatenate([moe, last], axis=0).astype(np.int32)  # (T, L, K)

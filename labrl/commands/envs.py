@@ -9,7 +9,7 @@ import random
 import sys
 from typing import Any
 
-from labrl.errors import ConfigError
+from labrl.errors import ConfigError, LabrlError
 
 
 def add_parser(subparsers: Any) -> None:
@@ -30,7 +30,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--policy", choices=("gold", "random"), default="gold")
     p.add_argument("--split", choices=("train", "test"), default="train")
     p.add_argument("--seed", type=int, default=0, help="seed of the first task; episode i uses seed+i")
-    p.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE", help="env option (JSON value)")
+    p.add_argument(
+        "--option", "-o", action="append", default=[], metavar="KEY=VALUE", help="env option (JSON value)"
+    )
     p.add_argument("--json", action="store_true", help="print episodes as JSON lines")
     p.set_defaults(func=cmd_sample)
 
@@ -42,7 +44,9 @@ def add_parser(subparsers: Any) -> None:
     p = sub.add_parser("check", help="run the contract checker (non-zero exit on failure)")
     p.add_argument("env_ids", nargs="*", help="env ids (default: every registered env)")
     p.add_argument("--seeds", type=int, default=8)
-    p.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE", help="env option (JSON value)")
+    p.add_argument(
+        "--option", "-o", action="append", default=[], metavar="KEY=VALUE", help="env option (JSON value)"
+    )
     p.add_argument("--json", action="store_true", help="print the JSON report")
     p.set_defaults(func=cmd_check)
 
@@ -139,7 +143,9 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(f"{'PASS' if report.passed else 'FAIL'} {report.env_id}")
             for check in report.checks:
                 mark = "ok  " if check.passed else "FAIL"
-                print(f"  {mark} {check.name:<15} {check.seconds:6.2f}s  {check.detail.splitlines()[0] if check.detail else ''}")
+                print(
+                    f"  {mark} {check.name:<15} {check.seconds:6.2f}s  {check.detail.splitlines()[0] if check.detail else ''}"
+                )
                 if not check.passed and "\n" in check.detail:
                     print("       " + check.detail.replace("\n", "\n       "), file=sys.stderr)
     return 0 if all(r.passed for r in reports) else 1
@@ -149,17 +155,27 @@ def cmd_dry_run(args: argparse.Namespace) -> int:
     """Sample every registered env with a scripted policy; print transcripts and rewards."""
     from labrl.envs.registry import registered_ids
 
-    summary = []
+    summary: list[tuple[str, str]] = []
     for env_id in registered_ids():
         print(f"\n##### {env_id}")
         sample_args = argparse.Namespace(
-            env_id=env_id, episodes=args.episodes, policy="gold", split=args.split, seed=0, option=[], json=False
+            env_id=env_id,
+            episodes=args.episodes,
+            policy="gold",
+            split=args.split,
+            seed=0,
+            option=[],
+            json=False,
         )
         try:
-            cmd_sample(sample_args)
-            summary.append((env_id, "gold"))
-        except ConfigError:  # no gold answer: show a random policy instead
-            cmd_sample(argparse.Namespace(**{**vars(sample_args), "policy": "random"}))
-            summary.append((env_id, "random"))
+            try:
+                cmd_sample(sample_args)
+                summary.append((env_id, "gold"))
+            except ConfigError:  # no gold answer: show a random policy instead
+                cmd_sample(argparse.Namespace(**{**vars(sample_args), "policy": "random"}))
+                summary.append((env_id, "random"))
+        except LabrlError as exc:
+            print(f"labrl: {env_id} failed: {exc}", file=sys.stderr)
+            summary.append((env_id, "FAILED"))
     print(f"\ndry run: {len(summary)} envs sampled ({', '.join(f'{e} [{p}]' for e, p in summary)})")
-    return 0
+    return 1 if any(p == "FAILED" for _, p in summary) else 0

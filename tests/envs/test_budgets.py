@@ -83,19 +83,31 @@ async def test_crash_in_step_is_env_error():
 
 async def test_crash_in_reset_raises_env_error():
     env = make("test/crashing-v0", where="reset")
-    with pytest.raises(EnvError, match=re.escape("test/crashing-v0: reset failed: KeyError: 'missing instrument calibration'")):
+    with pytest.raises(
+        EnvError,
+        match=re.escape("test/crashing-v0: reset failed: KeyError: 'missing instrument calibration'"),
+    ):
         await env.reset(env.make_task("train", 0))
 
 
-@pytest.mark.parametrize(("mode", "outcome"), [("raise", Outcome.VERIFIER_FAILED), ("nan", Outcome.VERIFIER_FAILED), ("hang", Outcome.TIMEOUT)])
+@pytest.mark.parametrize(
+    ("mode", "outcome"),
+    [("raise", Outcome.VERIFIER_FAILED), ("nan", Outcome.VERIFIER_FAILED), ("hang", Outcome.TIMEOUT)],
+)
 async def test_broken_verifier_is_never_a_zero(mode, outcome):
     env, task = await _start("test/broken-verifier-v0", mode=mode)
     result = await env.step(Action(text=f"ANSWER: {task.answer}"))
     assert result.outcome is outcome and result.reward is None and result.done
     if mode == "raise":
-        assert result.info["error"] == "VerifierError: test/broken-verifier-v0: scoring failed: ValueError: phase library missing"
+        assert (
+            result.info["error"]
+            == "VerifierError: test/broken-verifier-v0: scoring failed: ValueError: phase library missing"
+        )
     if mode == "hang":
-        assert result.info["error"] == "EnvTimeoutError: test/broken-verifier-v0: scoring did not finish within 0.3 s"
+        assert (
+            result.info["error"]
+            == "EnvTimeoutError: test/broken-verifier-v0: scoring did not finish within 0.3 s"
+        )
 
 
 async def test_max_turns_truncates_the_episode():

@@ -12,7 +12,16 @@ from labrl.envs import Action, check_env
 def test_well_behaved_envs_pass(env_id):
     report = check_env(env_id, seeds=4)
     assert report.passed, [c for c in report.checks if not c.passed]
-    assert [c.name for c in report.checks] == ["spec", "determinism", "splits", "json", "timeout", "invalid_action", "gold", "max_turns"]
+    assert [c.name for c in report.checks] == [
+        "spec",
+        "determinism",
+        "splits",
+        "json",
+        "timeout",
+        "invalid_action",
+        "gold",
+        "max_turns",
+    ]
     gold = next(c for c in report.checks if c.name == "gold")
     assert gold.detail == "gold scores 1.0 on 3 tasks"
 
@@ -21,7 +30,11 @@ def test_checker_catches_a_nondeterministic_env(monkeypatch):
     from labrl_test_envs import EchoEnv
 
     counter = iter(range(10_000))
-    monkeypatch.setattr(EchoEnv, "make_task", lambda self, split, seed, _orig=EchoEnv.make_task: _orig(self, split, seed + next(counter)))
+    monkeypatch.setattr(
+        EchoEnv,
+        "make_task",
+        lambda self, split, seed, _orig=EchoEnv.make_task: _orig(self, split, seed + next(counter)),
+    )
     report = check_env("test/echo-v0", seeds=2)
     determinism = next(c for c in report.checks if c.name == "determinism")
     assert not report.passed and not determinism.passed
@@ -47,7 +60,13 @@ def test_checker_catches_a_leaky_split(monkeypatch):
     from labrl_test_envs import EchoEnv
 
     original = EchoEnv.make_task
-    monkeypatch.setattr(EchoEnv, "make_task", lambda self, split, seed: original(self, "train", seed).model_copy(update={"split": split, "task_id": f"{split}-{seed}"}))
+    monkeypatch.setattr(
+        EchoEnv,
+        "make_task",
+        lambda self, split, seed: original(self, "train", seed).model_copy(
+            update={"split": split, "task_id": f"{split}-{seed}"}
+        ),
+    )
     report = check_env("test/echo-v0", seeds=3)
     splits = next(c for c in report.checks if c.name == "splits")
     assert splits.detail == "3 task(s) appear in both train and test with the same content"

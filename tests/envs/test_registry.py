@@ -24,16 +24,25 @@ def test_make_wraps_in_budgets_and_applies_overrides():
 
 
 def test_unknown_id_suggests_closest():
-    with pytest.raises(RegistryError, match=re.escape("unknown env 'test/ecoh-v0'; did you mean 'test/echo-v0'")):
+    with pytest.raises(
+        RegistryError, match=re.escape("unknown env 'test/ecoh-v0'; did you mean 'test/echo-v0'")
+    ):
         make("test/ecoh-v0")
-    with pytest.raises(RegistryError, match=re.escape("unknown env 'test/echo-v3'; registered versions: test/echo-v0")):
+    with pytest.raises(
+        RegistryError, match=re.escape("unknown env 'test/echo-v3'; registered versions: test/echo-v0")
+    ):
         make("test/echo-v3")
 
 
 def test_bad_options_name_the_option():
-    with pytest.raises(ConfigError, match=re.escape("test/echo-v0 does not accept option(s) 'step_dlay' (did you mean 'step_delay'?)")):
+    with pytest.raises(
+        ConfigError,
+        match=re.escape("test/echo-v0 does not accept option(s) 'step_dlay' (did you mean 'step_delay'?)"),
+    ):
         make("test/echo-v0", step_dlay=1)
-    with pytest.raises(ConfigError, match=re.escape("test/echo-v0: unknown budget field(s) ['step_timeout']")):
+    with pytest.raises(
+        ConfigError, match=re.escape("test/echo-v0: unknown budget field(s) ['step_timeout']")
+    ):
         make("test/echo-v0", budgets={"step_timeout": 1})
 
 
@@ -53,7 +62,10 @@ def test_register_validates_ids_and_duplicates():
 def test_spec_id_must_match_registration():
     register("test/mismatch-v0", entry_point="labrl_test_envs:EchoEnv")
     try:
-        with pytest.raises(RegistryError, match=re.escape("env registered as 'test/mismatch-v0' reports spec.id 'test/echo-v0'")):
+        with pytest.raises(
+            RegistryError,
+            match=re.escape("env registered as 'test/mismatch-v0' reports spec.id 'test/echo-v0'"),
+        ):
             make("test/mismatch-v0")
     finally:
         deregister("test/mismatch-v0")
@@ -63,7 +75,18 @@ def test_env_registered_through_an_installed_entry_point(tmp_path, monkeypatch):
     """A third-party distribution registers its env by being installed."""
     target = tmp_path / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--target", str(target), str(PLUGIN)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(PLUGIN),
+        ],
         check=True,
         capture_output=True,
     )

@@ -9,7 +9,9 @@ async def test_multi_turn_episode_transcript_and_reward():
     env = make("test/calculator-v0")
     task = env.make_task("test", 2)
     a, b, c = task.prompt["numbers"]
-    policy = scripted_policy([format_tool_call("add", {"a": a, "b": b}), format_tool_call("submit", {"answer": a + b + c})])
+    policy = scripted_policy(
+        [format_tool_call("add", {"a": a, "b": b}), format_tool_call("submit", {"answer": a + b + c})]
+    )
     episode = await run_episode(env, task, policy)
     assert episode.outcome is Outcome.OK and episode.reward == 1.0 and episode.done and not episode.truncated
     assert [m.role for m in episode.messages] == ["user", "assistant", "tool", "assistant"]

@@ -16,7 +16,18 @@ from labrl.envs import Action, Budgets, Env, EnvSpec, Message, Observation, Step
 from labrl.envs.offload import run_cpu, run_killable
 from labrl.errors import InvalidActionError, TransientEnvError, VerifierError
 
-WORDS = ("quartz", "rutile", "anatase", "calcite", "halite", "corundum", "spinel", "perovskite", "wurtzite", "zircon")
+WORDS = (
+    "quartz",
+    "rutile",
+    "anatase",
+    "calcite",
+    "halite",
+    "corundum",
+    "spinel",
+    "perovskite",
+    "wurtzite",
+    "zircon",
+)
 
 
 def _word(split: str, seed: int) -> str:
@@ -62,11 +73,20 @@ class EchoEnv(Env):
 
     def make_task(self, split: Any, seed: int) -> Task:
         word = _word(split, seed)
-        return Task(env_id=self.spec.id, split=split, seed=seed, task_id=f"echo-{split}-{seed}", prompt={"word": word}, answer=word)
+        return Task(
+            env_id=self.spec.id,
+            split=split,
+            seed=seed,
+            task_id=f"echo-{split}-{seed}",
+            prompt={"word": word},
+            answer=word,
+        )
 
     async def reset(self, task: Task) -> Observation:
         self.task = task
-        return Observation(messages=(Message(role="user", content=f"Say {task.prompt['word']} as 'ANSWER: <word>'"),))
+        return Observation(
+            messages=(Message(role="user", content=f"Say {task.prompt['word']} as 'ANSWER: <word>'"),)
+        )
 
     async def step(self, action: Action) -> StepResult:
         assert self.task is not None
@@ -96,7 +116,9 @@ class FlakyEnv(EchoEnv):
 
     def __init__(self, failures: int = 2, max_retries: int = 2) -> None:
         super().__init__()
-        self.spec = EnvSpec(id="test/flaky-v0", budgets=Budgets(max_retries=max_retries, retry_backoff_s=0.01))
+        self.spec = EnvSpec(
+            id="test/flaky-v0", budgets=Budgets(max_retries=max_retries, retry_backoff_s=0.01)
+        )
         self.failures = failures
         self.calls = 0
 
@@ -162,8 +184,16 @@ class CalculatorEnv(Env):
     max_in_pool: ClassVar[int] = 0
     in_pool: ClassVar[int] = 0
     TOOLS = (
-        ToolSpec(name="add", description="add two numbers", parameters={"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}),
-        ToolSpec(name="submit", description="submit the final answer", parameters={"type": "object", "properties": {"answer": {"type": "number"}}}),
+        ToolSpec(
+            name="add",
+            description="add two numbers",
+            parameters={"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}},
+        ),
+        ToolSpec(
+            name="submit",
+            description="submit the final answer",
+            parameters={"type": "object", "properties": {"answer": {"type": "number"}}},
+        ),
     )
 
     def __init__(self, tool_delay: float = 0.0, max_turns: int = 4) -> None:
@@ -179,12 +209,21 @@ class CalculatorEnv(Env):
     def make_task(self, split: Any, seed: int) -> Task:
         rng = random.Random(f"{split}:{seed}")
         numbers = [rng.randint(1, 99) for _ in range(3)]
-        return Task(env_id=self.spec.id, split=split, seed=seed, task_id=f"calc-{split}-{seed}", prompt={"numbers": numbers}, answer=sum(numbers))
+        return Task(
+            env_id=self.spec.id,
+            split=split,
+            seed=seed,
+            task_id=f"calc-{split}-{seed}",
+            prompt={"numbers": numbers},
+            answer=sum(numbers),
+        )
 
     async def reset(self, task: Task) -> Observation:
         self.task = task
         a, b, c = task.prompt["numbers"]
-        return Observation(messages=(Message(role="user", content=f"Compute {a} + {b} + {c}."),), tools=self.TOOLS)
+        return Observation(
+            messages=(Message(role="user", content=f"Compute {a} + {b} + {c}."),), tools=self.TOOLS
+        )
 
     async def step(self, action: Action) -> StepResult:
         assert self.task is not None

@@ -105,7 +105,9 @@ class RubricGrader:
     async def grade(self, rubric: Rubric, response: str, question: str | None = None) -> RubricResult:
         llm_items = rubric.llm_items
         if llm_items and not self.judges:
-            raise ConfigError(f"rubric has {len(llm_items)} llm item(s) but the grader has no judges: pass judges=[...]")
+            raise ConfigError(
+                f"rubric has {len(llm_items)} llm item(s) but the grader has no judges: pass judges=[...]"
+            )
         per_judge = await self._judge_all(llm_items, response, question) if llm_items else []
         # members: one (judge, sample) pair each -> {item id: score}
         members: list[dict[str, float]] = []
@@ -117,7 +119,11 @@ class RubricGrader:
             for item_id, values in answers.items():
                 rationales[item_id].extend(r for _, r in values)
 
-        fixed = {item.id: score_deterministic(item, response) for item in rubric.items if not isinstance(item, LLMItem)}
+        fixed = {
+            item.id: score_deterministic(item, response)
+            for item in rubric.items
+            if not isinstance(item, LLMItem)
+        }
         results, final = [], dict(fixed)
         for item in rubric.items:
             assert item.id is not None
@@ -133,7 +139,13 @@ class RubricGrader:
                 )  # fmt: skip
             else:
                 results.append(
-                    ItemResult(id=item.id, kind=item.kind, polarity=item.polarity, weight=item.weight, score=fixed[item.id])
+                    ItemResult(
+                        id=item.id,
+                        kind=item.kind,
+                        polarity=item.polarity,
+                        weight=item.weight,
+                        score=fixed[item.id],
+                    )
                 )
         score, raw = rubric_score(rubric, final)
         member_totals = tuple(rubric_score(rubric, {**fixed, **m})[0] for m in members)

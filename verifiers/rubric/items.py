@@ -152,7 +152,9 @@ class Rubric(BaseModel):
                 raise ValueError(f"duplicate item id {item.id!r}: item ids must be unique within a rubric")
             seen.add(item.id)
         if not any(item.polarity == "positive" for item in self.items):
-            raise ValueError("a rubric needs at least one positive item (the score is normalised by their weight)")
+            raise ValueError(
+                "a rubric needs at least one positive item (the score is normalised by their weight)"
+            )
         return self
 
     @property

@@ -192,12 +192,16 @@ class JudgeClient:
         self, items: Sequence[LLMItem], response: str, question: str | None = None
     ) -> dict[str, list[tuple[float, str]]]:
         """``{item id: [(score, rationale) per sample]}`` for every item in ``items``."""
-        results: dict[str, list[tuple[float, str] | None]] = {item.id: [None] * self.config.samples for item in items}  # type: ignore[misc]
+        results: dict[str, list[tuple[float, str] | None]] = {
+            item.id: [None] * self.config.samples for item in items
+        }  # type: ignore[misc]
         todo: list[tuple[int, list[LLMItem]]] = []  # (sample, items still to ask for)
         for sample in range(self.config.samples):
             missing = []
             for item in items:
-                cached = self.cache.get(self._key(item, response, question, sample)) if self.config.cache else None
+                cached = (
+                    self.cache.get(self._key(item, response, question, sample)) if self.config.cache else None
+                )
                 if cached is None:
                     missing.append(item)
                 else:
@@ -238,11 +242,15 @@ class JudgeClient:
 
     def _client(self) -> httpx.AsyncClient:
         if self._http is None:
-            self._http = httpx.AsyncClient(transport=self._transport, timeout=httpx.Timeout(self.config.timeout_s))
+            self._http = httpx.AsyncClient(
+                transport=self._transport, timeout=httpx.Timeout(self.config.timeout_s)
+            )
             self._semaphore = asyncio.Semaphore(self.config.max_concurrency)
         return self._http
 
-    async def _ask(self, items: Sequence[LLMItem], response: str, question: str | None) -> dict[str, tuple[float, str]]:
+    async def _ask(
+        self, items: Sequence[LLMItem], response: str, question: str | None
+    ) -> dict[str, tuple[float, str]]:
         ids = [item.id for item in items]
         body: dict[str, Any] = {
             **self.config.extra_body,
@@ -289,7 +297,9 @@ class JudgeClient:
                     try:
                         return reply.json()
                     except json.JSONDecodeError:
-                                    raise VerifierError(f"judge {name!r} answered HTTP 200 with a body that is not JSON") from None
+                        raise VerifierError(
+                            f"judge {name!r} answered HTTP 200 with a body that is not JSON"
+                        ) from None
                 retryable = reply.status_code == 429 or reply.status_code >= 500
                 retry_after = reply.headers.get("retry-after")
                 failure = f"HTTP {reply.status_code}: {reply.text[:200]!r}"

@@ -56,9 +56,13 @@ class MockJudgeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     fault: Fault = "none"
-    fail_first: int | None = Field(default=None, ge=0, description="faulty requests before healthy ones; None = all")
+    fail_first: int | None = Field(
+        default=None, ge=0, description="faulty requests before healthy ones; None = all"
+    )
     hang_s: float = Field(default=30.0, ge=0, description="how long the timeout fault sleeps")
-    api_key: str | None = Field(default=None, description="when set, require 'Authorization: Bearer <api_key>'")
+    api_key: str | None = Field(
+        default=None, description="when set, require 'Authorization: Bearer <api_key>'"
+    )
 
 
 class MockJudgeState:
@@ -92,9 +96,16 @@ def _completion(model: str, content: str) -> dict[str, Any]:
         "object": "chat.completion",
         "created": 0,
         "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
+        ],
         "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
     }
+
+
+def _public(config: MockJudgeConfig) -> dict[str, Any]:
+    """The config without the API key (admin endpoints never echo secrets)."""
+    return {**config.model_dump(exclude={"api_key"}), "api_key_required": config.api_key is not None}
 
 
 def create_app(config: MockJudgeConfig | None = None) -> Any:
@@ -105,13 +116,17 @@ def create_app(config: MockJudgeConfig | None = None) -> Any:
 
     @app.get("/admin/state")
     async def admin_state() -> dict[str, Any]:
-        return {"requests": state.requests, "faults_served": state.faults_served, "config": state.config.model_dump()}
+        return {
+            "requests": state.requests,
+            "faults_served": state.faults_served,
+            "config": _public(state.config),
+        }
 
     @app.post("/admin/fault")
     async def admin_fault(new: MockJudgeConfig) -> dict[str, Any]:
         state.config = new
         state.faults_served = 0
-        return new.model_dump()
+        return _public(new)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
@@ -133,20 +148,32 @@ def create_app(config: MockJudgeConfig | None = None) -> Any:
             if fault == "http_500":
                 return JSONResponse({"error": {"message": "injected failure"}}, status_code=500)
             if fault == "http_429":
-                return JSONResponse({"error": {"message": "slow down"}}, status_code=429, headers={"Retry-After": "0"})
+                return JSONResponse(
+                    {"error": {"message": "slow down"}}, status_code=429, headers={"Retry-After": "0"}
+                )
             if fault == "timeout":
                 await asyncio.sleep(cfg.hang_s)
             if fault == "garbage":
                 return _completion(model, "All criteria look fine to me, full marks!")
             scores = [
-                {"id": cid, "rationale": "mock", "score": 1.5 if fault == "out_of_range" else keyword_score(t, response)}
+                {
+                    "id": cid,
+                    "rationale": "mock",
+                    "score": 1.5 if fault == "out_of_range" else keyword_score(t, response),
+                }
                 for cid, t in criteria
             ]
             if fault == "missing_item":
                 scores = scores[:-1]
             return _completion(model, json.dumps({"scores": scores}))
         scores = [
-            {"id": cid, "rationale": "key terms found" if (s := keyword_score(text, response)) else "key terms missing", "score": s}
+            {
+                "id": cid,
+                "rationale": "key terms found"
+                if (s := keyword_score(text, response))
+                else "key terms missing",
+                "score": s,
+            }
             for cid, text in criteria
         ]
         return _completion(model, json.dumps({"scores": scores}))
@@ -172,7 +199,9 @@ class RunningMockJudge(BaseModel):
 
 
 @contextmanager
-def serve_in_thread(config: MockJudgeConfig | None = None, host: str = "127.0.0.1") -> Iterator[RunningMockJudge]:
+def serve_in_thread(
+    config: MockJudgeConfig | None = None, host: str = "127.0.0.1"
+) -> Iterator[RunningMockJudge]:
     """Serve the mock judge with uvicorn on a free loopback port in a daemon thread."""
     import uvicorn
 
@@ -182,7 +211,9 @@ def serve_in_thread(config: MockJudgeConfig | None = None, host: str = "127.0.0.
     sock.bind((host, 0))
     port = sock.getsockname()[1]
     server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1, access_log=False)
+        uvicorn.Config(
+            app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1, access_log=False
+        )
     )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="mock-judge")
     thread.start()

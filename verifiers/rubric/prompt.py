@@ -56,7 +56,9 @@ def escape(text: str) -> str:
     return html.escape(text, quote=True)
 
 
-def build_messages(items: Sequence[LLMItem], response: str, question: str | None = None) -> list[dict[str, str]]:
+def build_messages(
+    items: Sequence[LLMItem], response: str, question: str | None = None
+) -> list[dict[str, str]]:
     """The chat messages sent to the judge for ``items`` (in order) and ``response``."""
     criteria = "\n".join(f'<criterion id="{item.id}">{escape(item.text)}</criterion>' for item in items)
     parts = []
@@ -114,9 +116,13 @@ def parse_scores(content: Any, ids: Sequence[str]) -> dict[str, tuple[float, str
     try:
         payload = json.loads(content)
     except json.JSONDecodeError as exc:
-        raise VerifierError(f"judge answer is not JSON ({exc.msg} at char {exc.pos}): {_preview(content)!r}") from None
+        raise VerifierError(
+            f"judge answer is not JSON ({exc.msg} at char {exc.pos}): {_preview(content)!r}"
+        ) from None
     if not isinstance(payload, dict) or set(payload) != {"scores"} or not isinstance(payload["scores"], list):
-        raise VerifierError(f'judge answer must be an object with only a "scores" list: {_preview(content)!r}')
+        raise VerifierError(
+            f'judge answer must be an object with only a "scores" list: {_preview(content)!r}'
+        )
     wanted = set(ids)
     parsed: dict[str, tuple[float, str]] = {}
     for entry in payload["scores"]:

@@ -1,15 +1,18 @@
 """Find physical quantities in free text and compare them through pint.
 
-``find_quantities(text)`` returns every number in ``text`` with the unit that
-follows it (if pint knows it): ``"calcined at 873 K for 2 h"`` ->
-``[(873.0, "K"), (2.0, "h")]``. Numbers may use thousands separators
+``find_quantities(text)`` returns every number in ``text`` with the unit
+strings after it that pint knows: ``"calcined at 873 K for 2 h"`` ->
+``[(873.0, ["K"], 12), (2.0, ["h"], 22)]``. Numbers may use thousands separators
 (``1,000``), exponents (``1e-3``, ``1.2 × 10^5``) and a unit of up to two
 tokens (``g/cm^3``, ``kJ mol^-1``).
 
 ``matches(text, value, tolerance, units)``: some quantity in the text, once
-converted to ``units``, lies within ``tolerance`` of ``value``. A bare number
-matches only a unit-less item; ``C`` after a number is read as degrees
-Celsius when the item's units are a temperature (pint would read coulomb).
+converted to ``units``, lies within ``tolerance`` of ``value``. An item with
+units needs a quantity whose unit converts (a bare number never matches it);
+an item without units compares the numbers alone, ignoring any word after
+them (prose words such as "in" or "a" are pint units too). ``C`` after a
+number is read as degrees Celsius when the item's units are a temperature
+(pint would read coulomb).
 """
 
 from __future__ import annotations
@@ -58,37 +61,35 @@ def _unit_candidates(raw: str | None) -> list[str]:
     return [" ".join(parts[:n]) for n in range(len(parts), 0, -1)]
 
 
-def find_quantities(text: str) -> list[tuple[float, str | None, int]]:
-    """``(value, unit or None, start offset)`` for every number in ``text``."""
+def find_quantities(text: str) -> list[tuple[float, list[str], int]]:
+    """``(value, unit candidates, start offset)`` for every number in ``text``.
+
+    Candidates are the one- or two-token strings after the number that pint
+    parses, longest first (``"°C in air"`` -> ``["°C in", "°C"]``: prose words
+    can be units too, so the caller keeps the first that converts).
+    """
     found = []
     for m in _QUANTITY.finditer(text):
-        value = _to_float(m["num"], m["exp"])
-        unit = None
+        units = []
         for candidate in _unit_candidates(m["unit"]):
             try:
                 parse_units(candidate)
             except ValueError:
                 continue
-            unit = candidate
-            break
-        found.append((value, unit, m.start()))
+            units.append(candidate)
+        found.append((_to_float(m["num"], m["exp"]), units, m.start()))
     return found
 
 
-def _convert(value: float, unit: str | None, target: str | None) -> float | None:
-    """``value unit`` expressed in ``target``, or None when the two are not comparable."""
-    if target is None:
-        return value if unit is None else None
-    if unit is None:
-        return None
+def _convert(value: float, units: list[str], target: str) -> float | None:
+    """``value`` in the first of ``units`` that converts to ``target``, or None when none does."""
     ureg = _registry()
     target_units = parse_units(target)
-    candidates = [unit]
-    if unit == "C" and target_units.dimensionality == ureg.kelvin.dimensionality:
-        candidates = ["degC"]
-    for candidate in candidates:
+    for unit in units:
+        if unit == "C" and target_units.dimensionality == ureg.kelvin.dimensionality:
+            unit = "degC"
         try:
-            return float(ureg.Quantity(value, parse_units(candidate)).to(target_units).magnitude)
+            return float(ureg.Quantity(value, parse_units(unit)).to(target_units).magnitude)
         except Exception:  # DimensionalityError and offset-unit errors: not comparable
             continue
     return None
@@ -101,10 +102,10 @@ def matches(text: str, value: float, tolerance: float, units: str | None, anchor
         windows = [(m.end(), m.end() + ANCHOR_WINDOW) for m in re.finditer(anchor, text, re.IGNORECASE)]
         if not windows:
             return False
-    for quantity, unit, start in find_quantities(text):
+    for quantity, candidates, start in find_quantities(text):
         if windows is not None and not any(lo <= start <= hi for lo, hi in windows):
             continue
-        converted = _convert(quantity, unit, units)
+        converted = quantity if units is None else _convert(quantity, candidates, units)
         if converted is not None and abs(converted - value) <= tolerance + 1e-9 * max(1.0, abs(value)):
             return True
     return False

@@ -18,11 +18,20 @@ class TitrationEnv(Env):
     def make_task(self, split: Any, seed: int) -> Task:
         acid_ml = 10 + (seed % 7) * 5 + (0 if split == "train" else 1)
         volume = acid_ml * 0.1 / 0.2  # 0.1 M acid titrated with 0.2 M base
-        return Task(env_id=self.spec.id, split=split, seed=seed, task_id=f"titr-{split}-{seed}", prompt={"acid_ml": acid_ml}, answer=volume)
+        return Task(
+            env_id=self.spec.id,
+            split=split,
+            seed=seed,
+            task_id=f"titr-{split}-{seed}",
+            prompt={"acid_ml": acid_ml},
+            answer=volume,
+        )
 
     async def reset(self, task: Task) -> Observation:
         self.task = task
-        text = f"{task.prompt['acid_ml']} mL of 0.1 M HCl is titrated with 0.2 M NaOH. Equivalence volume in mL?"
+        text = (
+            f"{task.prompt['acid_ml']} mL of 0.1 M HCl is titrated with 0.2 M NaOH. Equivalence volume in mL?"
+        )
         return Observation(messages=(Message(role="user", content=text),))
 
     async def step(self, action: Action) -> StepResult:

@@ -1,0 +1,333 @@
+"""The XRD phase-identification environments.
+
+- ``xrd/phase-id-v0``: single turn. The model sees a peak list from a
+  simulated powder measurement (and optionally a coarse profile) and answers
+  which phase(s) are present; see ``tasks`` for the tiers.
+- ``xrd/phase-id-tools-v0``: multi-turn. The model may call
+  ``search_phases(elements)``, ``simulate(phase_id)``, ``fit(phase_ids)`` and
+  ``submit(answer)`` within ``max_tool_calls`` calls; a plain-text reply is
+  taken as the submission.
+
+Rewards (``reward_mode``): ``label`` (F1 on (formula, space group), plus a
+weight-fraction term for mixtures: ``labrl.verifiers.xrd.scoring``),
+``label_free`` (fit the claimed phases to the measured counts and score the
+Rwp improvement with a parsimony penalty: ``labrl.verifiers.xrd.fit``) or
+``blend`` = (1 − α)·label + α·label_free. Only ``label`` guarantees that the
+true answer scores exactly 1.0 (a fit to noisy counts rarely reaches Rexp).
+
+The measurement (pattern simulation with noise, peak picking) runs in
+``reset`` through ``run_cpu`` after ``instrument_latency_s``; fits run in
+the pool after ``fit_latency_s``. ``make_task`` is pure and cheap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from labrl.envs.actions import format_tool_call
+from labrl.envs.base import Env
+from labrl.envs.offload import run_cpu
+from labrl.envs.types import Action, Budgets, EnvSpec, Message, Observation, Split, StepResult, Task, ToolCall, ToolSpec
+from labrl.envs.xrd.measure import observe
+from labrl.envs.xrd.tasks import PhaseIdConfig, build_task_prompt, render_prompt
+from labrl.errors import ConfigError, EnvError, InvalidActionError
+from labrl.verifiers.xrd.answer import FORMAT_HINT, ClaimedPhase, parse_answer
+from labrl.verifiers.xrd.fit import FitResult, fit_phase_ids
+from labrl.verifiers.xrd.library import load_library
+from labrl.verifiers.xrd.profile import Instrument
+from labrl.verifiers.xrd.scoring import label_score
+from labrl.verifiers.xrd.simulate import stick_pattern
+
+SINGLE_ID = "xrd/phase-id-v0"
+TOOLS_ID = "xrd/phase-id-tools-v0"
+
+
+def _config(env_id: str, options: dict[str, Any]) -> PhaseIdConfig:
+    try:
+        return PhaseIdConfig.model_validate(options)
+    except ValidationError as exc:
+        detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"{env_id}: invalid option(s): {detail}") from None
+
+
+class PhaseIdEnv(Env):
+    """Single-turn phase identification (see the module docstring)."""
+
+    env_id = SINGLE_ID
+
+    def __init__(self, **options: Any) -> None:
+        self.config = _config(self.env_id, options)
+        load_library()  # parse once per process, up front
+        self.spec = self._make_spec()
+        self._task: Task | None = None
+        self._observed: dict[str, Any] | None = None
+
+    def _make_spec(self) -> EnvSpec:
+        return EnvSpec(
+            id=self.env_id,
+            description="identify crystalline phases (and weight fractions) from a simulated Cu Ka powder pattern",
+            budgets=Budgets(reset_timeout_s=60.0, step_timeout_s=120.0, scoring_timeout_s=60.0, max_turns=1),
+            tags=("xrd", "materials", f"tier{self.config.tier}", self.config.reward_mode),
+            license="Apache-2.0 (AFLOW prototypes: MIT)",
+            has_gold_answer=True,
+        )
+
+    # -- tasks -------------------------------------------------------------------
+
+    def make_task(self, split: Split, seed: int) -> Task:
+        prompt, answer = build_task_prompt(self.config, split, seed)
+        return Task(
+            env_id=self.env_id,
+            split=split,
+            seed=int(seed),
+            task_id=f"{self.env_id}:t{self.config.tier}:{split}:{seed}",
+            prompt=prompt,
+            answer=answer,
+            metadata={"tier": self.config.tier, "phases": [p["id"] for p in answer["phases"]]},
+        )
+
+    async def reset(self, task: Task) -> Observation:
+        if task.env_id != self.env_id:
+            raise ConfigError(f"task {task.task_id!r} belongs to {task.env_id}, not {self.env_id}")
+        self._task = task
+        if self.config.instrument_latency_s:
+            await asyncio.sleep(self.config.instrument_latency_s)
+        args = (task.prompt["sample"], task.prompt["noise_seed"], self.config.n_peaks, self.config.profile_points)
+        self._observed = await run_cpu(observe, *args) if self.config.offload else observe(*args)
+        if not self._observed["peaks"]:
+            raise EnvError(f"{task.task_id}: the simulated pattern has no detectable peaks")
+        text = render_prompt(self.config, task.prompt, self._observed)
+        return Observation(messages=(Message(role="user", content=text),), tools=self.spec.tools)
+
+    # -- answers and rewards -------------------------------------------------------
+
+    def _parse(self, text: str) -> list[ClaimedPhase]:
+        assert self._task is not None
+        return parse_answer(text, load_library(), candidates=self._task.prompt.get("candidates"))
+
+    async def _fit(self, phase_ids: Sequence[str]) -> FitResult:
+        assert self._observed is not None and self._task is not None
+        if self.config.fit_latency_s:
+            await asyncio.sleep(self.config.fit_latency_s)
+        instrument = Instrument.model_validate(self._task.prompt["sample"]["instrument"]).model_copy(
+            update={"zero_shift": 0.0, "displacement_mm": 0.0}  # the lab knows its calibration, not the sample's
+        )
+        args = (self._observed["two_theta"], self._observed["counts"], tuple(phase_ids), instrument, self.config.fit)
+        return await self.score(fit_phase_ids, *args, offload=self.config.offload)
+
+    async def _reward(self, claimed: list[ClaimedPhase]) -> tuple[float, dict[str, Any]]:
+        assert self._task is not None
+        library = load_library()
+        truth = [(library.get(p["id"]), p["weight_fraction"]) for p in self._task.answer["phases"]]
+        info: dict[str, Any] = {"claimed": [c.phase.id for c in claimed]}
+        mode = self.config.reward_mode
+        reward = 0.0
+        if mode in ("label", "blend"):
+            label = await self.score(label_score, claimed, truth)
+            info["label"] = {"precision": label.precision, "recall": label.recall, "f1": label.f1, "wf_mae": label.wf_mae}
+            reward = label.reward
+        if mode in ("label_free", "blend"):
+            fit = await self._fit([c.phase.id for c in claimed])
+            info["fit"] = fit.summary()
+            free = fit.reward
+            reward = free if mode == "label_free" else (1 - self.config.blend_weight) * reward + self.config.blend_weight * free
+        info["reward_mode"] = mode
+        return float(min(max(reward, 0.0), 1.0)), info
+
+    async def step(self, action: Action) -> StepResult:
+        if self._task is None:
+            raise EnvError("step() before reset()")
+        if action.parse_error:
+            raise InvalidActionError(action.parse_error)
+        if action.tool_calls:
+            raise InvalidActionError("this environment takes a direct answer, not tool calls. " + FORMAT_HINT)
+        claimed = self._parse(action.text)
+        reward, info = await self._reward(claimed)
+        return StepResult(reward=reward, done=True, info=info)
+
+    # -- scripted actions ------------------------------------------------------------
+
+    def _answer_text(self, phases: list[dict[str, Any]], with_weights: bool) -> str:
+        items = []
+        for p in phases:
+            item = {"formula": p["formula"], "space_group": p["space_group"]}
+            if with_weights:
+                item["weight_fraction"] = p["weight_fraction"]
+            items.append(item)
+        return json.dumps({"phases": items})
+
+    def gold_text(self, task: Task) -> str:
+        if "letter" in task.answer:
+            return task.answer["letter"]
+        return self._answer_text(task.answer["phases"], with_weights=len(task.answer["phases"]) > 1)
+
+    def gold_actions(self, task: Task) -> Sequence[Action] | None:
+        return [Action(text=self.gold_text(task))]
+
+    def random_text(self, task: Task, rng: random.Random) -> str:
+        if task.prompt.get("candidates"):
+            return rng.choice(sorted(task.prompt["candidates"]))
+        library = load_library()
+        pool = library.search(task.prompt["elements"]) or list(library)
+        n = len(task.answer["phases"])
+        picks = rng.sample(pool, min(n, len(pool)))
+        weights = [rng.random() + 0.1 for _ in picks]
+        total = sum(weights)
+        phases = [
+            {"formula": p.formula, "space_group": p.spacegroup_number, "weight_fraction": round(w / total, 3)}
+            for p, w in zip(picks, weights, strict=True)
+        ]
+        return self._answer_text(phases, with_weights=n > 1)
+
+    def random_action(self, task: Task, rng: random.Random) -> Action:
+        return Action(text=self.random_text(task, rng))
+
+
+_TOOLS = (
+    ToolSpec(
+        name="search_phases",
+        description="Phases of the library made only of the given elements (id, formula, space group).",
+        parameters={
+            "type": "object",
+            "properties": {"elements": {"type": "array", "items": {"type": "string"}}},
+            "required": ["elements"],
+        },
+    ),
+    ToolSpec(
+        name="simulate",
+        description="The strongest Cu Ka peaks (2θ, relative intensity) of a library phase.",
+        parameters={"type": "object", "properties": {"phase_id": {"type": "string"}}, "required": ["phase_id"]},
+    ),
+    ToolSpec(
+        name="fit",
+        description="Fit phases to the measured pattern: Rwp, background-only Rwp and weight fractions.",
+        parameters={
+            "type": "object",
+            "properties": {"phase_ids": {"type": "array", "items": {"type": "string"}}},
+            "required": ["phase_ids"],
+        },
+    ),
+    ToolSpec(
+        name="submit",
+        description="Submit the final answer: {'phases': [{'formula', 'space_group', 'weight_fraction'}]}.",
+        parameters={"type": "object", "properties": {"answer": {}}, "required": ["answer"]},
+    ),
+)
+_SEARCH_LIMIT = 25
+_SIM_PEAKS = 10
+
+
+class PhaseIdToolsEnv(PhaseIdEnv):
+    """Multi-turn phase identification with search / simulate / fit tools."""
+
+    env_id = TOOLS_ID
+
+    def _make_spec(self) -> EnvSpec:
+        return EnvSpec(
+            id=self.env_id,
+            description="identify crystalline phases from a simulated powder pattern using library search, "
+            "simulation and full-profile fitting tools",
+            budgets=Budgets(
+                reset_timeout_s=60.0,
+                step_timeout_s=120.0,
+                scoring_timeout_s=60.0,
+                max_turns=self.config.max_tool_calls + 2,
+            ),
+            tools=_TOOLS,
+            tags=("xrd", "materials", "tools", f"tier{self.config.tier}", self.config.reward_mode),
+            license="Apache-2.0 (AFLOW prototypes: MIT)",
+            has_gold_answer=True,
+        )
+
+    async def reset(self, task: Task) -> Observation:
+        self._calls = 0
+        observation = await super().reset(task)
+        (message,) = observation.messages
+        intro = (
+            f"{message.content}\nTools: search_phases, simulate, fit, submit "
+            f"(at most {self.config.max_tool_calls} calls). Finish with submit."
+        )
+        return Observation(messages=(Message(role="user", content=intro),), tools=self.spec.tools)
+
+    async def step(self, action: Action) -> StepResult:
+        if self._task is None:
+            raise EnvError("step() before reset()")
+        if action.parse_error:
+            raise InvalidActionError(action.parse_error)
+        if not action.tool_calls:
+            claimed = self._parse(action.text)
+            reward, info = await self._reward(claimed)
+            return StepResult(reward=reward, done=True, info=info)
+        messages = []
+        for call in action.tool_calls:
+            if call.name == "submit":
+                claimed = self._submission(call)
+                reward, info = await self._reward(claimed)
+                return StepResult(reward=reward, done=True, info={**info, "tool_calls": self._calls})
+            if self._calls >= self.config.max_tool_calls:
+                raise InvalidActionError(f"tool-call budget of {self.config.max_tool_calls} used up: call submit")
+            self._calls += 1
+            content = await self._run_tool(call)
+            messages.append(Message(role="tool", name=call.name, tool_call_id=call.id, content=content))
+        return StepResult(observation=Observation(messages=tuple(messages)), info={"tool_calls": self._calls})
+
+    def _submission(self, call: ToolCall) -> list[ClaimedPhase]:
+        answer = call.arguments.get("answer")
+        if answer is None:
+            raise InvalidActionError('submit needs an "answer" argument. ' + FORMAT_HINT)
+        return self._parse(answer if isinstance(answer, str) else json.dumps(answer))
+
+    async def _run_tool(self, call: ToolCall) -> str:
+        library = load_library()
+        args = call.arguments
+        if call.name == "search_phases":
+            elements = args.get("elements")
+            if not isinstance(elements, list) or not elements or not all(isinstance(e, str) for e in elements):
+                raise InvalidActionError('search_phases needs "elements": a non-empty list of element symbols')
+            found = library.search(elements)
+            rows = [{"id": p.id, "formula": p.formula, "space_group": p.spacegroup_symbol} for p in found[:_SEARCH_LIMIT]]
+            return json.dumps({"count": len(found), "phases": rows})
+        if call.name == "simulate":
+            phase_id = args.get("phase_id")
+            if not isinstance(phase_id, str) or phase_id not in library:
+                raise InvalidActionError(f"simulate: unknown phase_id {phase_id!r} (use search_phases for ids)")
+            sticks = stick_pattern(library.get(phase_id), two_theta_range=(10.0, 80.0))
+            top = sorted(zip(sticks.two_theta, sticks.scaled, strict=True), key=lambda x: -x[1])[:_SIM_PEAKS]
+            return json.dumps({"phase_id": phase_id, "peaks": [[round(t, 2), round(i, 1)] for t, i in sorted(top)]})
+        if call.name == "fit":
+            ids = args.get("phase_ids")
+            if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
+                raise InvalidActionError('fit needs "phase_ids": a non-empty list of phase ids')
+            unknown = [i for i in ids if i not in library]
+            if unknown:
+                raise InvalidActionError(f"fit: unknown phase ids {unknown} (use search_phases for ids)")
+            if len(set(ids)) != len(ids) or len(ids) > 5:
+                raise InvalidActionError("fit: give at most 5 distinct phase ids")
+            fit = await self._fit(ids)
+            return json.dumps(
+                {
+                    "rwp": round(fit.rwp, 4),
+                    "rwp_background_only": round(fit.rwp_background, 4),
+                    "weight_fractions": {k: round(v, 3) for k, v in fit.weight_fractions.items()},
+                }
+            )
+        raise InvalidActionError(f"unknown tool {call.name!r}; available: {', '.join(t.name for t in _TOOLS)}")
+
+    def gold_actions(self, task: Task) -> Sequence[Action] | None:
+        answer = json.loads(self._answer_text(task.answer["phases"], with_weights=len(task.answer["phases"]) > 1))
+        text = format_tool_call("submit", {"answer": answer})
+        return [Action(text=text, tool_calls=(ToolCall(id="call_0", name="submit", arguments={"answer": answer}),))]
+
+    def random_action(self, task: Task, rng: random.Random) -> Action:
+        text = self.random_text(task, rng)
+        answer: Any = text if task.prompt.get("candidates") else json.loads(text)
+        return Action(
+            text=format_tool_call("submit", {"answer": answer}),
+            tool_calls=(ToolCall(id="call_0", name="submit", arguments={"answer": answer}),),
+        )

@@ -1,0 +1,203 @@
+"""XRD task generation: which sample is measured, how, and what the model is told.
+
+A task is drawn from ``numpy.random.default_rng([split_code, seed, salt])``:
+train and test use different ``split_code``, so their streams (and tasks) are
+disjoint by construction, and every (split, seed) gives the same task.
+
+Tiers (``PhaseIdConfig.tier``):
+
+1. one phase; the prompt lists ``n_candidates`` candidates (A, B, ...) that
+   share elements with the answer where the library allows; a clean, fixed
+   instrument. Answer: the letter.
+2. one phase; only the elements are given; instrument zero shift, sample
+   displacement and crystallite size vary. Answer: formula (+ space group).
+3. two or three phases from related chemistry with weight fractions ≥ 0.1;
+   also lattice strain, mild preferred orientation, lower counts. Answer:
+   phases with weight fractions.
+
+With ``holdout_fraction`` > 0 a fixed, hash-chosen subset of phases never
+appears in train tasks, and every test task contains one of them.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from labrl.envs.types import Split
+from labrl.errors import ConfigError
+from labrl.verifiers.xrd.fit import FitConfig
+from labrl.verifiers.xrd.library import Phase, PhaseLibrary, is_held_out, load_library
+from labrl.verifiers.xrd.mixture import Component, Sample
+from labrl.verifiers.xrd.profile import Instrument, PreferredOrientation
+
+_SALT = 0x58524431  # "XRD1"
+RewardMode = Literal["label", "label_free", "blend"]
+
+
+class PhaseIdConfig(BaseModel):
+    """Options of the xrd envs (pass them to ``labrl.envs.make``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tier: Literal[1, 2, 3] = 1
+    n_peaks: int = Field(default=6, ge=1, le=40, description="peaks listed in the prompt")
+    n_candidates: int = Field(default=4, ge=2, le=8, description="tier 1: candidate phases listed")
+    show_widths: bool = Field(default=False, description="list peak FWHM next to 2θ and intensity")
+    profile_points: int = Field(default=0, ge=0, le=400, description="append a downsampled profile (0 = off)")
+    reward_mode: RewardMode = "label"
+    blend_weight: float = Field(default=0.5, ge=0.0, le=1.0, description="weight of the label-free reward in blend")
+    holdout_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
+    instrument_latency_s: float = Field(default=0.0, ge=0.0, description="simulated measurement time per reset")
+    fit_latency_s: float = Field(default=0.0, ge=0.0, description="simulated refinement time per fit")
+    offload: bool = Field(default=True, description="simulate and fit in the process pool (run_cpu)")
+    max_tool_calls: int = Field(default=8, ge=1, le=64, description="tools env: tool calls per episode")
+    fit: FitConfig = Field(default_factory=FitConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> PhaseIdConfig:
+        if self.tier == 1 and self.n_candidates > len(string.ascii_uppercase):
+            raise ValueError("n_candidates too large")
+        return self
+
+
+def _split_code(split: Split) -> int:
+    if split not in ("train", "test"):
+        raise ConfigError(f"split must be 'train' or 'test', got {split!r}")
+    return 0 if split == "train" else 1
+
+
+def _pools(library: PhaseLibrary, holdout: float, split: Split) -> tuple[list[Phase], list[Phase]]:
+    """(phases allowed in this split, phases the first component must come from)."""
+    if holdout <= 0:
+        return list(library), list(library)
+    held = [p for p in library if is_held_out(p.id, holdout)]
+    kept = [p for p in library if not is_held_out(p.id, holdout)]
+    if not held or not kept:
+        raise ConfigError(f"holdout_fraction={holdout} leaves an empty train or test pool")
+    return (kept, kept) if split == "train" else (list(library), held)
+
+
+def _related(rng: np.random.Generator, first: Phase, pool: list[Phase], exclude: set[str], n: int) -> list[Phase]:
+    """``n`` distinct phases, preferring those sharing an element with ``first``."""
+    share = [p for p in pool if p.id not in exclude and set(p.elements) & set(first.elements)]
+    other = [p for p in pool if p.id not in exclude and not set(p.elements) & set(first.elements)]
+    chosen: list[Phase] = []
+    for group in (share, other):
+        if len(chosen) >= n:
+            break
+        picks = rng.permutation(len(group))[: n - len(chosen)]
+        chosen += [group[i] for i in picks]
+    return chosen
+
+
+def _instrument(rng: np.random.Generator, tier: int) -> Instrument:
+    if tier == 1:
+        return Instrument()
+    return Instrument(
+        zero_shift=float(rng.uniform(-0.06, 0.06)),
+        displacement_mm=float(rng.uniform(-0.1, 0.1)) if tier >= 2 else 0.0,
+        caglioti_w=float(rng.uniform(0.0015, 0.003)),
+    )
+
+
+def build_task_prompt(config: PhaseIdConfig, split: Split, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(prompt data, answer) of task (split, seed). Pure: no simulation happens here."""
+    library = load_library()
+    rng = np.random.default_rng([_split_code(split), int(seed), _SALT])
+    allowed, first_pool = _pools(library, config.holdout_fraction, split)
+    first = first_pool[int(rng.integers(len(first_pool)))]
+    tier = config.tier
+    if tier == 3:
+        n = int(rng.integers(2, 4))
+        phases = [first, *_related(rng, first, allowed, {first.id}, n - 1)]
+        raw = rng.dirichlet(np.full(n, 2.0))
+        fractions = 0.1 + (1.0 - 0.1 * n) * raw
+        fractions = np.round(fractions / fractions.sum(), 4)
+        fractions[-1] = round(1.0 - float(fractions[:-1].sum()), 4)
+    else:
+        phases, fractions = [first], np.array([1.0])
+    components = []
+    for phase, w in zip(phases, fractions, strict=True):
+        size = 100.0 if tier == 1 else float(np.exp(rng.uniform(np.log(40.0), np.log(300.0))))
+        strain = 1.0 if tier < 3 else float(1.0 + rng.uniform(-0.002, 0.002))
+        orientation = None
+        if tier == 3 and rng.random() < 0.3:
+            hkl = [(0, 0, 1), (1, 0, 0), (1, 1, 0), (1, 1, 1)][int(rng.integers(4))]
+            orientation = PreferredOrientation(hkl=hkl, r=float(rng.uniform(0.8, 1.2)))
+        components.append(
+            Component(
+                phase_id=phase.id,
+                weight_fraction=float(w),
+                crystallite_nm=size,
+                lattice_scale=strain,
+                orientation=orientation,
+            )
+        )
+    sample = Sample(
+        components=tuple(components),
+        instrument=_instrument(rng, tier),
+        background=(float(rng.uniform(100, 400)), float(rng.uniform(-80, 0)), float(rng.uniform(0, 40))),
+        peak_counts=20_000.0 if tier == 1 else float(rng.uniform(5_000, 20_000)),
+    )
+    prompt: dict[str, Any] = {
+        "tier": tier,
+        "sample": sample.model_dump(mode="json"),
+        "noise_seed": int(rng.integers(2**31)),
+        "elements": sorted({el for p in phases for el in p.elements}),
+    }
+    if tier == 1:
+        distractors = _related(rng, first, allowed, {first.id}, config.n_candidates - 1)
+        options = [first, *distractors]
+        order = rng.permutation(len(options))
+        letters = string.ascii_uppercase[: len(options)]
+        prompt["candidates"] = {letters[i]: options[j].id for i, j in enumerate(order)}
+    answer = {
+        "phases": [
+            {
+                "id": p.id,
+                "formula": p.formula,
+                "space_group": p.spacegroup_number,
+                "weight_fraction": float(w),
+            }
+            for p, w in zip(phases, fractions, strict=True)
+        ]
+    }
+    if tier == 1:
+        answer["letter"] = next(k for k, v in prompt["candidates"].items() if v == first.id)
+    return prompt, answer
+
+
+def render_prompt(config: PhaseIdConfig, prompt: dict[str, Any], observed: dict[str, Any]) -> str:
+    """The user message: a compact peak list and the question for the tier."""
+    library = load_library()
+    if config.show_widths:
+        peaks = " ".join(f"{t:.2f}:{i:.0f}:{w:.2f}" for t, i, w in observed["peaks"])
+        head = "XRD (Cu Ka) peaks 2θ:I:FWHM"
+    else:
+        peaks = " ".join(f"{t:.2f}:{i:.0f}" for t, i, _ in observed["peaks"])
+        head = "XRD (Cu Ka) peaks 2θ:I"
+    lines = [f"{head}\n{peaks}"]
+    if observed.get("profile"):
+        lo, hi, values = observed["profile"]
+        lines.append(f"Profile {lo:g}-{hi:g}° counts: " + " ".join(str(v) for v in values))
+    tier = prompt["tier"]
+    if tier == 1:
+        options = " ".join(
+            f"{k}) {library.get(v).formula} {library.get(v).spacegroup_symbol}" for k, v in prompt["candidates"].items()
+        )
+        lines.append(f"{options}\nAnswer with the letter.")
+    elif tier == 2:
+        lines.append(
+            f"Elements: {', '.join(prompt['elements'])}. One phase. Answer JSON: "
+            '{"phases":[{"formula":"...","space_group":N}]}'
+        )
+    else:
+        lines.append(
+            f"Elements: {', '.join(prompt['elements'])}. 2-3 phases. Answer JSON: "
+            '{"phases":[{"formula":"...","space_group":N,"weight_fraction":w},...]}'
+        )
+    return "\n".join(lines)

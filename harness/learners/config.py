@@ -1,0 +1,58 @@
+"""Typed config of the megatron-core learner."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from labrl.harness.models.config import MoEModelConfig, ParallelConfig, get_preset
+from labrl.harness.objectives import ObjectiveConfig
+
+
+class OptimizerConfig(BaseModel):
+    """AdamW with linear warmup then a constant or cosine learning rate.
+
+    lr(step) = lr * min(1, (step + 1) / (warmup_steps + 1)) during warmup; after
+    it, cosine decays to ``lr * min_lr_ratio`` at ``total_steps``:
+    lr * (r + (1 - r) * (1 + cos(pi * progress)) / 2).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    lr: float = Field(default=1e-3, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    beta1: float = Field(default=0.9, ge=0, lt=1)
+    beta2: float = Field(default=0.999, ge=0, lt=1)
+    eps: float = Field(default=1e-8, gt=0)
+    grad_clip: float | None = Field(default=1.0, gt=0, description="max global grad norm; None disables")
+    warmup_steps: int = Field(default=0, ge=0)
+    schedule: Literal["constant", "cosine"] = "constant"
+    total_steps: int | None = Field(default=None, ge=1, description="needed by the cosine schedule")
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _cosine_needs_total(self) -> OptimizerConfig:
+        if self.schedule == "cosine" and self.total_steps is None:
+            raise ValueError("schedule='cosine' needs total_steps: set optimizer.total_steps")
+        return self
+
+
+class LearnerConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: MoEModelConfig = Field(default_factory=lambda: get_preset("tiny-moe"))
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    micro_batch_size: int = Field(default=16, ge=1, description="sequences per forward/backward")
+    router_replay: bool = Field(default=True, description="replay the sampler's routed experts when the batch has them")
+    temperature: float = Field(default=1.0, gt=0, description="logits / temperature, as the sampler's log-probs")
+    seed: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset_name(cls, data: object) -> object:
+        if isinstance(data, dict) and isinstance(data.get("model"), str):
+            data = {**data, "model": get_preset(data["model"])}
+        return data

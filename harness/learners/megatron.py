@@ -1,0 +1,261 @@
+"""MegatronLearner: trains a megatron-core MoE GPT with a labrl objective.
+
+One ``train_step(batch)``::
+
+    old_B_T   = logprobs(model, batch)            # no grad, global batch, routing replayed
+    prepared  = objectives.prepare(cfg, inputs)   # advantages, IS weights/masks, denominator
+    for rows in micro-batches:
+        loss, m = objectives.policy_loss(cfg, logprobs(model, batch[rows]), prepared[rows])
+        loss.backward()                           # already divided by the global denominator
+    clip global grad norm; AdamW step; LR schedule; version += 1
+
+Log-probs are token-aligned like the batch: ``logp[b, t] = log softmax(z[b, t-1] /
+temperature)[tokens[b, t]]`` (0 at t = 0), so they compare one-to-one with
+the sampler's behaviour log-probs on the loss-mask tokens.
+
+Router replay (R3): when the batch carries ``routed_experts_B_T_L_K`` and
+``router_replay`` is on, every forward (the no-grad one and each micro-batch)
+routes each token to exactly the experts the sampler used; the gate
+probabilities are still recomputed from the learner's scores, so the router
+keeps receiving gradient.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from labrl.errors import ConfigError, LearnerError
+from labrl.harness import objectives
+from labrl.harness.learners.config import LearnerConfig
+from labrl.harness.models.build import build_gpt_model, causal_attention_mask, count_parameters
+from labrl.harness.models.routing import from_megatron_layout, model_router_replays, replay_routing
+from labrl.harness.types import TrainBatch
+
+
+class MegatronLearner:
+    """Implements ``labrl.harness.types.Learner``; see the module docstring."""
+
+    def __init__(self, config: LearnerConfig | None = None) -> None:
+        self.config = config or LearnerConfig()
+        cfg = self.config
+        self.model = build_gpt_model(cfg.model, cfg.parallel, seed=cfg.seed, routing_replay=True)
+        self.model.train()
+        self._params = [p for p in self.model.parameters() if p.requires_grad]
+        opt = cfg.optimizer
+        self.optimizer = torch.optim.AdamW(
+            self._params, lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.step = 0
+        self._version = 0
+        self.num_parameters = count_parameters(self.model)
+
+    # -- Learner protocol ----------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def export_weights(self) -> dict[str, torch.Tensor]:
+        """A detached copy of every parameter and buffer (what a sampler loads)."""
+        return {
+            k: v.detach().clone() for k, v in self.model.state_dict().items() if not k.endswith("_extra_state")
+        }
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        cfg = self.config
+        started = time.perf_counter()
+        self._check_batch(batch)
+        replay = batch.routed_experts_B_T_L_K if cfg.router_replay else None
+        old_B_T = self.logprobs(batch.tokens_B_T, replay)
+        inputs = objectives.ObjectiveInputs.from_train_batch(batch, old_B_T, self._version)
+        prepared = objectives.prepare(cfg.objective, inputs)
+        self.optimizer.zero_grad(set_to_none=True)
+        micro_metrics = []
+        B = batch.batch_size
+        for start in range(0, B, cfg.micro_batch_size):
+            rows = torch.arange(start, min(start + cfg.micro_batch_size, B))
+            routed = None if replay is None else replay[rows]
+            logp = self._logprobs_with_grad(batch.tokens_B_T[rows], routed)
+            loss, metrics = objectives.policy_loss(cfg.objective, logp, prepared.select(rows))
+            if not torch.isfinite(loss):
+                raise LearnerError(f"non-finite loss {float(loss)} at step {self.step}, rows {start}..")
+            loss.backward()
+            micro_metrics.append(metrics)
+        grad_norm = self._clip_gradients()
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        self._version += 1
+        elapsed = time.perf_counter() - started
+        out = objectives.combine_metrics(prepared, micro_metrics)
+        tokens = int(batch.attention_mask_B_T.sum())
+        out |= {
+            "learner/grad_norm": grad_norm,
+            "learner/lr": lr,
+            "learner/step_s": elapsed,
+            "learner/tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
+            "learner/tokens": float(tokens),
+            "learner/router_replay": float(replay is not None),
+            "learner/version": float(self._version),
+        }
+        return out
+
+    def save_checkpoint(self, path: str) -> None:
+        """Model, optimizer, LR schedule, step, version and the CPU RNG state, written atomically."""
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        state = {
+            "model": {k: v for k, v in self.model.state_dict().items() if not k.endswith("_extra_state")},
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+            "version": self._version,
+            "config": self.config.model_dump(mode="json"),
+            "rng": torch.get_rng_state(),
+        }
+        tmp = target.with_name(target.name + ".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, target)
+
+    def load_checkpoint(self, path: str) -> None:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=False)
+        except (OSError, RuntimeError) as exc:
+            raise LearnerError(f"cannot read checkpoint {path}: {exc}") from exc
+        if state.get("config", {}).get("model") != self.config.model.model_dump(mode="json"):
+            raise LearnerError(f"checkpoint {path} was written for a different model shape")
+        result = self.model.load_state_dict(state["model"], strict=False)
+        missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
+        if missing or result.unexpected_keys:
+            raise LearnerError(f"checkpoint {path}: missing {missing[:5]}, unexpected {result.unexpected_keys[:5]}")
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = int(state["step"])
+        self._version = int(state["version"])
+        torch.set_rng_state(state["rng"])
+
+    # -- log-probs and routing -----------------------------------------------
+
+    def logprobs(self, tokens_B_T: torch.Tensor, routed_B_T_L_K: torch.Tensor | None = None) -> torch.Tensor:
+        """Token-aligned log-probs ``(B, T)`` without grad, in micro-batches."""
+        out = []
+        with torch.no_grad():
+            for start in range(0, tokens_B_T.shape[0], self.config.micro_batch_size):
+                sl = slice(start, start + self.config.micro_batch_size)
+                routed = None if routed_B_T_L_K is None else routed_B_T_L_K[sl]
+                out.append(self._logprobs_with_grad(tokens_B_T[sl], routed))
+        return torch.cat(out, dim=0)
+
+    def route(self, tokens_B_T: torch.Tensor) -> torch.Tensor:
+        """The experts the learner's own routers pick, ``(B, T, L, K)`` (no replay)."""
+        from megatron.core.transformer.moe.router_replay import RouterReplayAction
+
+        replays = model_router_replays(self.model)
+        out = []
+        with torch.no_grad():
+            for start in range(0, tokens_B_T.shape[0], self.config.micro_batch_size):
+                chunk = tokens_B_T[start : start + self.config.micro_batch_size]
+                for r in replays:
+                    r.clear_indices()
+                    r.set_router_replay_action(RouterReplayAction.RECORD)
+                try:
+                    self._logits(chunk)
+                    out.append(from_megatron_layout([r.get_recorded_indices() for r in replays], chunk.shape[0]))
+                finally:
+                    for r in replays:
+                        r.clear_router_replay_action()
+                        r.clear_indices()
+        return torch.cat(out, dim=0)
+
+    def _logits(self, tokens_B_T: torch.Tensor) -> torch.Tensor:
+        B, T = tokens_B_T.shape
+        positions = torch.arange(T).expand(B, T)
+        return self.model(input_ids=tokens_B_T, position_ids=positions, attention_mask=causal_attention_mask(T))
+
+    def _logprobs_with_grad(self, tokens_B_T: torch.Tensor, routed_B_T_L_K: torch.Tensor | None) -> torch.Tensor:
+        if routed_B_T_L_K is None:
+            logits = self._logits(tokens_B_T)
+        else:
+            with replay_routing(self.model, routed_B_T_L_K):
+                logits = self._logits(tokens_B_T)
+        logp_B_Tm1_V = torch.log_softmax(logits[:, :-1].float() / self.config.temperature, dim=-1)
+        logp = logp_B_Tm1_V.gather(-1, tokens_B_T[:, 1:, None]).squeeze(-1)  # (B, T-1)
+        return torch.cat([torch.zeros_like(logp[:, :1]), logp], dim=1)  # (B, T)
+
+    # -- optimisation ----------------------------------------------------------
+
+    def _lr_factor(self, step: int) -> float:
+        opt = self.config.optimizer
+        if step < opt.warmup_steps:
+            return (step + 1) / (opt.warmup_steps + 1)
+        if opt.schedule == "constant":
+            return 1.0
+        assert opt.total_steps is not None  # validated
+        span = max(1, opt.total_steps - opt.warmup_steps)
+        progress = min(1.0, (step - opt.warmup_steps) / span)
+        r = opt.min_lr_ratio
+        return r + (1 - r) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    def _clip_gradients(self) -> float:
+        """Global L2 grad norm over the model-parallel ranks; scale grads to ``grad_clip``.
+
+        Tensor-parallel duplicates (norm weights) are counted once; dense
+        parameters reduce over the model-parallel group, expert parameters
+        (``allreduce=False``) over the expert-model-parallel group.
+        """
+        from megatron.core import parallel_state
+        from megatron.core.tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
+
+        dense = torch.zeros((), dtype=torch.float64)
+        expert = torch.zeros((), dtype=torch.float64)
+        grads = [p for p in self._params if p.grad is not None]
+        for p in grads:
+            if not param_is_not_tensor_parallel_duplicate(p):
+                continue
+            sq = p.grad.detach().double().pow(2).sum().cpu()
+            if getattr(p, "allreduce", True):
+                dense += sq
+            else:
+                expert += sq
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            device = grads[0].device if grads else "cpu"
+            d, e = dense.to(device), expert.to(device)
+            torch.distributed.all_reduce(d, group=parallel_state.get_model_parallel_group())
+            torch.distributed.all_reduce(e, group=parallel_state.get_expert_tensor_model_pipeline_parallel_group())
+            dense, expert = d.cpu(), e.cpu()
+        norm = float((dense + expert).sqrt())
+        if not math.isfinite(norm):
+            raise LearnerError(f"non-finite gradient norm at step {self.step}")
+        clip = self.config.optimizer.grad_clip
+        if clip is not None and norm > clip:
+            scale = clip / (norm + 1e-6)
+            for p in grads:
+                p.grad.mul_(scale)
+        return norm
+
+    def _check_batch(self, batch: TrainBatch) -> None:
+        B, T = batch.tokens_B_T.shape
+        if T < 2:
+            raise ConfigError(f"TrainBatch has {T} token(s) per row; the learner needs at least 2")
+        vocab = self.config.model.vocab_size
+        if int(batch.tokens_B_T.max()) >= vocab or int(batch.tokens_B_T.min()) < 0:
+            raise ConfigError(f"TrainBatch.tokens_B_T has ids outside the model vocabulary [0, {vocab})")
+        routed = batch.routed_experts_B_T_L_K
+        if routed is not None:
+            want = (B, T, self.config.model.num_moe_layers, self.config.model.moe_router_topk)
+            if tuple(routed.shape) != want:
+                raise ConfigError(
+                    f"TrainBatch.routed_experts_B_T_L_K has shape {tuple(routed.shape)}, expected {want} "
+                    "(batch, token, MoE layer, top-k)"
+                )
+            if int(routed.min()) < 0 or int(routed.max()) >= self.config.model.num_experts:
+                raise ConfigError(
+                    f"TrainBatch.routed_experts_B_T_L_K holds expert ids outside [0, {self.config.model.num_experts})"
+                )

@@ -1,0 +1,155 @@
+"""Drive one episode of an env with a sampler and record it as token-level training data.
+
+The episode loop is the envs' own ``run_episode``; the rollout hands it a
+policy that keeps the conversation as tokens, never re-tokenising what the
+model generated::
+
+    turn 1: tokens  = chat_prompt(messages, tools)            loss 0
+            tokens += generated                               loss 1, behaviour log-probs, versions
+    turn k: tokens += close_turn(generated)                   loss 0 (only if the turn hit max tokens)
+            tokens += continuation(history, new messages)     loss 0 (tool results, user replies)
+            tokens += generated                               loss 1
+
+Routed experts: each ``generate`` reports routing for its whole prompt and
+output. A token keeps the routing of the forward that first processed it
+(the one whose log-probs the learner sees), so rows already known from an
+earlier turn are kept and only new rows are appended; the last row of a
+result (the never-fed final token) is replaced when the next turn processes
+that token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from labrl.envs.base import Env
+from labrl.envs.runner import run_episode
+from labrl.envs.types import Message, Task, ToolSpec
+from labrl.harness.tokenizer import Tokenizer
+from labrl.harness.types import NO_VERSION, GenerateRequest, Sampler, SamplingParams, Trajectory
+
+
+@dataclass
+class _Recorder:
+    tokens: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    routed: np.ndarray | None = None
+    routed_valid: int = 0  # rows of `routed` that are real (not the padded last row)
+    messages_seen: int = 0
+    last_output: list[int] = field(default_factory=list)
+    finish_reason: str = "stop"
+    generation_s: float = 0.0
+    turns: int = 0
+
+    def extend(self, ids: Sequence[int], *, generated: bool, logprobs=None, versions=None) -> None:
+        self.tokens.extend(ids)
+        self.loss_mask.extend([1 if generated else 0] * len(ids))
+        self.logprobs.extend(logprobs if generated else [0.0] * len(ids))
+        self.versions.extend(versions if generated else [NO_VERSION] * len(ids))
+
+
+async def rollout(
+    env: Env,
+    task: Task,
+    sampler: Sampler,
+    tokenizer: Tokenizer,
+    sampling: SamplingParams,
+    *,
+    group_id: str | None = None,
+    return_routed_experts: bool = False,
+    max_turns: int | None = None,
+    rid_prefix: str = "",
+) -> Trajectory:
+    """Play ``task`` on ``env`` with ``sampler``; see the module docstring."""
+    if not sampling.stop_token_ids:
+        sampling = sampling.model_copy(update={"stop_token_ids": tuple(tokenizer.stop_token_ids)})
+    rec = _Recorder()
+
+    async def policy(messages: Sequence[Message], tools: Sequence[ToolSpec]) -> str:
+        if rec.turns == 0:
+            rec.extend(tokenizer.chat_prompt(messages, tools), generated=False)
+        else:
+            rec.extend(tokenizer.close_turn(rec.last_output), generated=False)
+            history, new = messages[: rec.messages_seen], messages[rec.messages_seen :]
+            rec.extend(tokenizer.continuation(history, new, tools), generated=False)
+        request = GenerateRequest(
+            rid=f"{rid_prefix}{task.task_id}/{rec.turns}",
+            input_ids=tuple(rec.tokens),
+            sampling=sampling,
+            return_routed_experts=return_routed_experts,
+        )
+        t0 = time.perf_counter()
+        (result,) = await sampler.generate([request])
+        rec.generation_s += time.perf_counter() - t0
+        if result.routed_experts_T_L_K is not None:
+            rows = result.routed_experts_T_L_K
+            known = rec.routed[: rec.routed_valid] if rec.routed is not None else rows[:0]
+            rec.routed = np.concatenate([known, rows[rec.routed_valid :]], axis=0)
+            rec.routed_valid = len(rows) - 1
+        rec.extend(result.output_ids, generated=True, logprobs=result.logprobs_T, versions=result.versions_T)
+        rec.last_output = list(result.output_ids)
+        rec.finish_reason = result.finish_reason
+        rec.turns += 1
+        rec.messages_seen = len(messages) + 1  # the assistant message the runner appends next
+        return tokenizer.decode(result.output_ids, skip_special_tokens=True)
+
+    started = time.perf_counter()
+    episode = await run_episode(env, task, policy, max_turns=max_turns)
+    wall = time.perf_counter() - started
+    return Trajectory(
+        env_id=episode.env_id,
+        task_id=task.task_id,
+        group_id=group_id if group_id is not None else task.task_id,
+        tokens_T=rec.tokens,
+        loss_mask_T=rec.loss_mask,
+        logprobs_T=rec.logprobs,
+        versions_T=rec.versions,
+        reward=episode.reward,
+        outcome=episode.outcome.value,
+        finish_reason=rec.finish_reason,  # type: ignore[arg-type]
+        num_turns=episode.num_turns,
+        routed_experts_T_L_K=rec.routed,
+        timings={"generation_s": rec.generation_s, "env_s": episode.timings["env_s"], "wall_s": wall},
+        info={"error": episode.error} if episode.error else {},
+    )
+
+
+async def rollout_group(
+    make_env: Callable[[], Env],
+    task: Task,
+    sampler: Sampler,
+    tokenizer: Tokenizer,
+    sampling: SamplingParams,
+    group_size: int,
+    *,
+    return_routed_experts: bool = False,
+    max_turns: int | None = None,
+) -> list[Trajectory]:
+    """``group_size`` concurrent rollouts of one task (one env instance each), sharing a group id.
+
+    Seeded sampling gets seed ``seed + i`` for member ``i`` so the group's
+    members differ.
+    """
+
+    async def one(i: int) -> Trajectory:
+        env = make_env()
+        member = sampling
+        if sampling.seed is not None:
+            member = sampling.model_copy(update={"seed": sampling.seed + i})
+        try:
+            return await rollout(
+                env, task, sampler, tokenizer, member,
+                group_id=task.task_id, return_routed_experts=return_routed_experts,
+                max_turns=max_turns, rid_prefix=f"g{i}:",
+            )  # fmt: skip
+        finally:
+            await env.close()
+
+    return list(await asyncio.gather(*(one(i) for i in range(group_size))))

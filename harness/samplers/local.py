@@ -1,0 +1,334 @@
+"""LocalSampler: batched generation with a megatron-core MoE model, in process, on CPU.
+
+It runs the same ``GPTModel`` class the learner trains (its own copy of the
+weights, fp32 or bf16), so in fp32 its log-probs match the learner's to float
+rounding, and in bf16 the inference/training mismatch is real.
+
+How a batch runs (static batching with megatron-core's KV cache,
+``StaticInferenceContext``):
+
+- concurrent ``generate`` calls queue their requests; after ``batch_wait_s``
+  up to ``max_batch_size`` of them form one batch;
+- prompts are left-padded to a common length P and the pad keys masked out.
+  Position embeddings are RoPE, so attention scores depend only on relative
+  positions: the shift caused by left padding changes no score;
+- one prefill over ``[B, P]``, then one decode step per token over ``[B, 1]``
+  against the cache. Each forward runs in a worker thread and the event loop
+  gets control back between steps;
+- ``update_weights`` takes the model lock between two decode steps: running
+  sequences keep their KV cache and continue under the new weights from the
+  next token on (SGLang's ``pause_generation(mode="in_place")``). Each token
+  records the version of the weights whose forward produced its logits;
+- routing is recorded with megatron-core's RouterReplay ``RECORD`` action.
+  The result covers prompt and output tokens ``[P_i + N_i, L, K]`` in the
+  layout an SGLang server returns after the client pads the last row: the
+  last sampled token is never fed back, so its row is padding (experts
+  ``0..K-1``; it influences no trained log-prob).
+
+Behaviour log-prob of a token = log softmax(logits / temperature) at that
+token (temperature 0 -> 1), before top-k/top-p truncation; the learner uses
+the same temperature.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from labrl.harness.models.build import build_gpt_model
+from labrl.harness.models.config import DTYPES, MoEModelConfig, ParallelConfig, Precision
+from labrl.harness.models.routing import from_megatron_layout, model_router_replays
+from labrl.harness.types import GenerateRequest, GenerateResult, SamplingParams
+from pydantic import BaseModel, ConfigDict, Field
+
+from labrl.errors import SamplerError
+
+
+class LocalSamplerConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    precision: Precision = "fp32"
+    max_batch_size: int = Field(default=64, ge=1)
+    batch_wait_s: float = Field(default=0.005, ge=0.0, description="window to gather concurrent requests")
+    seed: int = Field(default=0, description="init seed of the weights and of unseeded sampling")
+    pad_token_id: int = Field(default=0, ge=0)
+
+
+@dataclass
+class _Pending:
+    request: GenerateRequest
+    future: asyncio.Future
+
+
+@dataclass
+class _Row:
+    request: GenerateRequest
+    max_new: int
+    generator: torch.Generator
+    output: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    routed: list[np.ndarray] = field(default_factory=list)  # (n, L, K) chunks
+    finish: str | None = None
+
+
+def sample_token(
+    logits_V: torch.Tensor, params: SamplingParams, generator: torch.Generator
+) -> tuple[int, float]:
+    """Sample one token; return it with its behaviour log-prob (see module docstring)."""
+    logits_V = logits_V.float()
+    if params.temperature == 0.0:
+        logp_V = torch.log_softmax(logits_V, dim=-1)
+        token = int(torch.argmax(logits_V))
+        return token, float(logp_V[token])
+    logp_V = torch.log_softmax(logits_V / params.temperature, dim=-1)
+    filtered = logp_V.clone()
+    if params.top_k > 0 and params.top_k < filtered.numel():
+        kth = torch.topk(filtered, params.top_k).values[-1]
+        filtered[filtered < kth] = -float("inf")
+    if params.top_p < 1.0:
+        sorted_lp, order = torch.sort(filtered, descending=True)
+        cumulative = torch.cumsum(torch.exp(sorted_lp), dim=-1)
+        # keep the smallest prefix whose mass reaches top_p (the first token always stays)
+        drop_sorted = (cumulative - torch.exp(sorted_lp)) >= params.top_p
+        filtered[order[drop_sorted]] = -float("inf")
+    probs = torch.softmax(filtered, dim=-1)
+    token = int(torch.multinomial(probs, 1, generator=generator))
+    return token, float(logp_V[token])
+
+
+class LocalSampler:
+    """In-process sampler implementing ``labrl.harness.types.Sampler``; see the module docstring."""
+
+    def __init__(
+        self,
+        model_config: MoEModelConfig,
+        config: LocalSamplerConfig | None = None,
+        parallel: ParallelConfig | None = None,
+        weights: Mapping[str, torch.Tensor] | None = None,
+        version: int = 0,
+    ) -> None:
+        self.model_config = model_config
+        self.config = config or LocalSamplerConfig()
+        self.dtype = DTYPES[self.config.precision]
+        model = build_gpt_model(model_config, parallel, seed=self.config.seed, routing_replay=True)
+        self.model = model.to(self.dtype).eval()
+        self._replays = model_router_replays(self.model)
+        self._param_names = {k for k in self.model.state_dict() if not k.endswith("_extra_state")}
+        self._lock = threading.Lock()  # one forward or one weight load at a time
+        self._version = version
+        self._paused = False
+        self.waiting_on_pause = False  # True while a batch sits at a step boundary, paused
+        self.decode_steps = 0  # decode forwards run since construction
+        self._pending: list[_Pending] = []
+        self._runner: asyncio.Task | None = None
+        self._generator = torch.Generator().manual_seed(self.config.seed)
+        self.stats = {"generated_tokens": 0, "batches": 0, "busy_s": 0.0}
+        if weights is not None:
+            self._load(weights, version)
+
+    # -- Sampler protocol ----------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        loop = asyncio.get_running_loop()
+        items = [_Pending(r, loop.create_future()) for r in requests]
+        for item in items:
+            self._validate(item.request)
+        self._pending.extend(items)
+        if self._runner is None or self._runner.done():
+            self._runner = loop.create_task(self._drain())
+        return list(await asyncio.gather(*(i.future for i in items)))
+
+    async def update_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+        await asyncio.to_thread(self._load, weights, version)
+
+    async def pause(self) -> None:
+        self._paused = True
+
+    async def resume(self) -> None:
+        self._paused = False
+
+    # -- internals -----------------------------------------------------------
+
+    def _validate(self, request: GenerateRequest) -> None:
+        vocab = self.model_config.vocab_size
+        if not request.input_ids:
+            raise SamplerError(f"request {request.rid}: input_ids is empty")
+        bad = [t for t in request.input_ids if not 0 <= t < vocab]
+        if bad:
+            raise SamplerError(f"request {request.rid}: token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+
+    def _load(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+        missing = self._param_names - set(weights)
+        unexpected = set(weights) - self._param_names
+        if missing or unexpected:
+            raise SamplerError(
+                f"weights do not fit the sampler's model: missing {sorted(missing)[:5]}, "
+                f"unexpected {sorted(unexpected)[:5]}"
+            )
+        state = self.model.state_dict()
+        with self._lock, torch.no_grad():
+            for name, tensor in weights.items():
+                target = state[name]
+                if tuple(target.shape) != tuple(tensor.shape):
+                    raise SamplerError(
+                        f"weight {name} has shape {tuple(tensor.shape)}, the sampler expects {tuple(target.shape)}"
+                    )
+                target.copy_(tensor)  # casts to the sampler's precision
+            self._version = version
+
+    async def _wait_if_paused(self) -> None:
+        while self._paused:
+            self.waiting_on_pause = True
+            await asyncio.sleep(0.005)
+        self.waiting_on_pause = False
+
+    async def _drain(self) -> None:
+        while self._pending:
+            await asyncio.sleep(self.config.batch_wait_s)
+            await self._wait_if_paused()
+            batch = self._pending[: self.config.max_batch_size]
+            del self._pending[: len(batch)]
+            try:
+                results = await self._run_batch([p.request for p in batch])
+            except BaseException as exc:
+                for p in batch:
+                    if not p.future.done():
+                        p.future.set_exception(
+                            exc if isinstance(exc, SamplerError) else SamplerError(f"generation failed: {exc!r}")
+                        )
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                continue
+            for p, result in zip(batch, results, strict=True):
+                if not p.future.done():
+                    p.future.set_result(result)
+
+    def _forward(self, ids_B_S: torch.Tensor, mask: torch.Tensor, ctx, record: bool):
+        """One forward under the lock: (last-token logits (B, V), version, routing (B, S, L, K) | None)."""
+        from megatron.core.transformer.moe.router_replay import RouterReplayAction
+
+        B, S = ids_B_S.shape
+        offset = ctx.sequence_len_offset
+        positions = torch.arange(offset, offset + S).expand(B, S)
+        with self._lock, torch.no_grad():
+            for r in self._replays:
+                r.clear_indices()
+                if record:
+                    r.set_router_replay_action(RouterReplayAction.RECORD)
+                else:
+                    r.clear_router_replay_action()
+            logits = self.model(
+                input_ids=ids_B_S,
+                position_ids=positions,
+                attention_mask=mask,
+                inference_context=ctx,
+                runtime_gather_output=True,
+            )
+            version = self._version
+            routed = None
+            if record:
+                routed = from_megatron_layout([r.get_recorded_indices() for r in self._replays], B)
+            for r in self._replays:
+                r.clear_router_replay_action()
+                r.clear_indices()
+        ctx.sequence_len_offset += S
+        return logits[:, -1, :].float(), version, routed
+
+    async def _run_batch(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+        from megatron.core.inference.contexts import StaticInferenceContext
+
+        started = time.perf_counter()
+        max_len = self.model_config.max_sequence_length
+        B = len(requests)
+        P = max(len(r.input_ids) for r in requests)
+        rows: list[_Row] = []
+        for r in requests:
+            seed = r.sampling.seed
+            gen = self._generator if seed is None else torch.Generator().manual_seed(seed)
+            max_new = min(r.sampling.max_new_tokens, max_len - len(r.input_ids))
+            rows.append(_Row(request=r, max_new=max_new, generator=gen))
+            if max_new <= 0:
+                rows[-1].finish = "abort"
+        N = max(1, max(row.max_new for row in rows))
+        record = any(r.return_routed_experts for r in requests)
+        ids = torch.full((B, P), self.config.pad_token_id, dtype=torch.long)
+        valid = torch.zeros(B, P + N, dtype=torch.bool)  # key positions a row may attend to
+        for b, r in enumerate(requests):
+            n = len(r.input_ids)
+            ids[b, P - n :] = torch.tensor(r.input_ids, dtype=torch.long)
+            valid[b, P - n :] = True
+        valid[:, P:] = True
+        ctx = StaticInferenceContext(B, P + N)
+        causal = torch.triu(torch.ones(P, P, dtype=torch.bool), diagonal=1)
+        prefill_mask = causal[None, None] | ~valid[:, None, None, :P]  # (B, 1, P, P)
+        logits, version, routed = await asyncio.to_thread(self._forward, ids, prefill_mask, ctx, record)
+        if routed is not None:
+            for b, r in enumerate(requests):
+                rows[b].routed.append(routed[b, P - len(r.input_ids) :].numpy().astype(np.int32))
+        prefill_s = time.perf_counter() - started
+        step = 0
+        while True:
+            fed = torch.full((B, 1), self.config.pad_token_id, dtype=torch.long)
+            for b, row in enumerate(rows):
+                if row.finish is not None:
+                    continue
+                token, logprob = sample_token(logits[b], row.request.sampling, row.generator)
+                row.output.append(token)
+                row.logprobs.append(logprob)
+                row.versions.append(version)
+                fed[b, 0] = token
+                if token in row.request.sampling.stop_token_ids:
+                    row.finish = "stop"
+                elif len(row.output) >= row.max_new:
+                    row.finish = "length"
+            live = [row.finish is None for row in rows]
+            if not any(live):
+                break
+            await asyncio.sleep(0)  # let other coroutines (weight updates, envs) run
+            await self._wait_if_paused()
+            decode_mask = ~valid[:, None, None, : P + step + 1]  # (B, 1, 1, S)
+            logits, version, routed = await asyncio.to_thread(self._forward, fed, decode_mask, ctx, record)
+            if routed is not None:
+                for b, row in enumerate(rows):
+                    if live[b]:
+                        row.routed.append(routed[b].numpy().astype(np.int32))
+            step += 1
+            self.decode_steps += 1
+        elapsed = time.perf_counter() - started
+        self.stats["generated_tokens"] += sum(len(row.output) for row in rows)
+        self.stats["batches"] += 1
+        self.stats["busy_s"] += elapsed
+        K = self.model_config.moe_router_topk
+        L = self.model_config.num_moe_layers
+        results = []
+        for row in rows:
+            routed_arr = None
+            if row.request.return_routed_experts:
+                pad = np.tile(np.arange(K, dtype=np.int32), (1, L, 1))  # (1, L, K): the never-fed last token
+                chunks = [*row.routed, pad] if row.output else row.routed
+                routed_arr = np.concatenate(chunks, axis=0)
+            info = {"batch_size": B, "prefill_s": prefill_s, "generate_s": elapsed}
+            if row.finish == "abort":
+                info["error"] = f"prompt of {len(row.request.input_ids)} tokens leaves no room in the context of {max_len}"
+            results.append(
+                GenerateResult(
+                    rid=row.request.rid,
+                    output_ids=row.output,
+                    logprobs_T=row.logprobs,
+                    versions_T=row.versions,
+                    finish_reason=row.finish,  # type: ignore[arg-type]
+                    routed_experts_T_L_K=routed_arr,
+                    info=info,
+                )
+            )
+        return results

@@ -1,0 +1,108 @@
+"""Launch and supervise an SGLang server process (``labrl serve sglang``).
+
+``server_command`` adds the flags labrl needs unless the user already gave
+them: ``--enable-return-routed-experts`` (router replay needs the rows) and
+``--weight-version 0`` (labrl tags tokens with integer versions; SGLang's
+default is the string ``"default"``). ``Supervisor`` starts the process in
+its own process group, waits for ``GET /health_generate`` to answer 200,
+restarts it when it dies (up to ``max_restarts``), and stops it (SIGTERM,
+then SIGKILL after a grace period) on exit.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import httpx
+
+from labrl.errors import SamplerError
+
+DEFAULT_LAUNCHER = f"{shlex.quote(sys.executable)} -m sglang.launch_server"
+
+
+def _has_flag(args: Sequence[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def server_command(
+    model: str, host: str, port: int, extra: Sequence[str], launcher: str = DEFAULT_LAUNCHER
+) -> list[str]:
+    cmd = [*shlex.split(launcher), "--model-path", model, "--host", host, "--port", str(port)]
+    if not _has_flag(extra, "--enable-return-routed-experts"):
+        cmd.append("--enable-return-routed-experts")
+    if not _has_flag(extra, "--weight-version"):
+        cmd += ["--weight-version", "0"]
+    return cmd + list(extra)
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float, poll_s: float = 0.5) -> float:
+    """Block until ``/health_generate`` answers 200; returns the seconds waited."""
+    start = time.monotonic()
+    while True:
+        code = proc.poll()
+        if code is not None:
+            raise SamplerError(f"SGLang server exited with code {code} before it was ready")
+        try:
+            if httpx.get(url + "/health_generate", timeout=min(10.0, timeout_s)).status_code == 200:
+                return time.monotonic() - start
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() - start > timeout_s:
+            raise SamplerError(f"SGLang server at {url} not ready after {timeout_s:.0f} s")
+        time.sleep(poll_s)
+
+
+@dataclass
+class Supervisor:
+    command: list[str]
+    url: str
+    ready_timeout_s: float = 900.0
+    max_restarts: int = 3
+    grace_s: float = 15.0
+    log: list[str] = field(default_factory=list)
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+
+    def start(self) -> float:
+        self.proc = subprocess.Popen(self.command, start_new_session=True)
+        try:
+            waited = wait_ready(self.url, self.proc, self.ready_timeout_s)
+        except SamplerError:
+            self.stop()
+            raise
+        self.log.append(f"ready in {waited:.1f} s (pid {self.proc.pid})")
+        return waited
+
+    def stop(self) -> None:
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=self.grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=self.grace_s)
+
+    def run(self) -> int:
+        """Start, then restart on unexpected exits; returns the last exit code (0 on a clean stop)."""
+        self.start()
+        assert self.proc is not None
+        while True:
+            code = self.proc.wait()
+            if code == 0:
+                return 0
+            if self.restarts >= self.max_restarts:
+                self.log.append(f"exited with code {code}; no restarts left")
+                return code
+            self.restarts += 1
+            self.log.append(f"exited with code {code}; restart {self.restarts}/{self.max_restarts}")
+            print(f"labrl serve: server exited with code {code}, restarting", file=sys.stderr)
+            self.start()

@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from labrl.lab_adapters.mock_process import MockLabProcess
+from labrl.lab_adapters.mock_server import FaultConfig, MockLabConfig
+
+TOKEN = "tok-3f9a1c77e2"  # a recognisable value the log checks search for
+
+
+@pytest.fixture
+def api_key(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("LABRL_LAB_API_KEY", TOKEN)
+    return TOKEN
+
+
+def start_mock(state_dir: Path, faults: FaultConfig | None = None, **overrides) -> MockLabProcess:
+    config = MockLabConfig(state_dir=state_dir, port=0, latency_median_s=0.05, latency_sigma=0.5,
+                           faults=faults or FaultConfig(), **overrides)
+    return MockLabProcess(config, token=TOKEN).start()
+
+
+@pytest.fixture
+def mock_lab(tmp_path: Path) -> Iterator[MockLabProcess]:
+    lab = start_mock(tmp_path / "lab")
+    try:
+        yield lab
+    finally:
+        lab.stop()

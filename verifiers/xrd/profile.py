@@ -1,0 +1,242 @@
+"""Instrument model: stick patterns -> measured powder profiles.
+
+Per reflection at Bragg angle θ (all widths FWHM in degrees 2θ):
+
+- instrument (Gaussian), Caglioti:  H_G² = U tan²θ + V tanθ + W
+- crystallite size (Lorentzian), Scherrer:  H_L = (180/π) · K λ / (L cos θ)
+- pseudo-Voigt with the Thompson–Cox–Hastings combination::
+
+      H⁵ = H_G⁵ + 2.69269 H_G⁴H_L + 2.42843 H_G³H_L² + 4.47163 H_G²H_L³ + 0.07842 H_G H_L⁴ + H_L⁵
+      q = H_L / H,   η = 1.36603 q − 0.47719 q² + 0.11116 q³
+      pV(x) = η · 2/(πH) / (1 + 4x²/H²) + (1 − η) · (2/H) √(ln2/π) · exp(−4 ln2 x²/H²)
+
+  (area-normalised, so a peak's area equals its intensity);
+- Cu Kα1/Kα2 doublet: each reflection (same d, so same g) also appears at
+  sin θ₂ = λ₂ g / 2 with ``ka2_ratio`` of the Kα1 intensity;
+- zero shift and sample displacement s (mm) on a goniometer of radius R (mm)::
+
+      2θ_obs = 2θ + zero − (180/π) · 2 s cos θ / R
+
+- March–Dollase preferred orientation along reciprocal direction h₀k₀l₀ with
+  parameter r (r < 1 plates, r > 1 needles; 1 = random), per reflection at
+  angle α to that direction::
+
+      P(α) = (r² cos²α + sin²α / r)^(−3/2)
+
+- background: a Chebyshev series in x ∈ [−1, 1] over the scanned range;
+- counting noise: Poisson on the expected counts.
+
+Peaks are evaluated on a window of ±``window_fwhm`` widths around each
+centre (vectorised gather + ``bincount``), which keeps rendering O(peaks ·
+window) instead of O(peaks · grid points).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.polynomial import chebyshev
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from labrl.verifiers.xrd.library import Phase
+from labrl.verifiers.xrd.scattering import CU_KA1, CU_KA2
+from labrl.verifiers.xrd.simulate import merge, reflections
+
+_LN2 = math.log(2.0)
+
+
+class Instrument(BaseModel):
+    """A Bragg–Brentano diffractometer with a Cu tube."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    two_theta_min: float = Field(default=10.0, ge=0.0, lt=180.0)
+    two_theta_max: float = Field(default=80.0, gt=0.0, le=180.0)
+    step: float = Field(default=0.02, gt=0.0, le=1.0)
+    wavelength_ka1: float = Field(default=CU_KA1, gt=0.0)
+    wavelength_ka2: float = Field(default=CU_KA2, gt=0.0)
+    ka2_ratio: float = Field(default=0.5, ge=0.0, le=1.0)
+    caglioti_u: float = 0.004
+    caglioti_v: float = -0.002
+    caglioti_w: float = 0.002
+    scherrer_k: float = Field(default=0.9, gt=0.0)
+    zero_shift: float = Field(default=0.0, ge=-1.0, le=1.0)
+    displacement_mm: float = Field(default=0.0, ge=-1.0, le=1.0)
+    goniometer_radius_mm: float = Field(default=240.0, gt=0.0)
+    window_fwhm: float = Field(default=12.0, ge=3.0)
+
+    @model_validator(mode="after")
+    def _check(self) -> Instrument:
+        if self.two_theta_max <= self.two_theta_min:
+            raise ValueError(
+                f"two_theta_max ({self.two_theta_max}) must exceed two_theta_min ({self.two_theta_min})"
+            )
+        tan = np.tan(np.radians(self.grid() / 2.0))
+        h2 = self.caglioti_u * tan**2 + self.caglioti_v * tan + self.caglioti_w
+        if h2.min() <= 0:
+            raise ValueError(
+                "caglioti_u/v/w give a non-positive squared width inside the scan range: raise caglioti_w"
+            )
+        return self
+
+    def grid(self) -> np.ndarray:
+        """Scan points (n,) in degrees 2θ."""
+        n = int(round((self.two_theta_max - self.two_theta_min) / self.step)) + 1
+        return self.two_theta_min + self.step * np.arange(n)
+
+    def fwhm_eta(self, two_theta: np.ndarray, crystallite_nm: float | None) -> tuple[np.ndarray, np.ndarray]:
+        """(H, η) of the pseudo-Voigt at ``two_theta`` (see module docstring)."""
+        theta = np.radians(two_theta / 2.0)
+        tan = np.tan(theta)
+        hg = np.sqrt(np.maximum(self.caglioti_u * tan**2 + self.caglioti_v * tan + self.caglioti_w, 1e-8))
+        if crystallite_nm is None:
+            return hg, np.zeros_like(hg)
+        hl = np.degrees(self.scherrer_k * self.wavelength_ka1 / (10.0 * crystallite_nm * np.cos(theta)))
+        h = (
+            hg**5
+            + 2.69269 * hg**4 * hl
+            + 2.42843 * hg**3 * hl**2
+            + 4.47163 * hg**2 * hl**3
+            + 0.07842 * hg * hl**4
+            + hl**5
+        ) ** 0.2
+        q = hl / h
+        return h, 1.36603 * q - 0.47719 * q**2 + 0.11116 * q**3
+
+    def shift(self, two_theta: np.ndarray) -> np.ndarray:
+        """Observed positions after zero shift and sample displacement."""
+        cos = np.cos(np.radians(two_theta / 2.0))
+        return two_theta + self.zero_shift - np.degrees(2.0 * self.displacement_mm * cos / self.goniometer_radius_mm)
+
+
+class PreferredOrientation(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hkl: tuple[int, int, int] = (0, 0, 1)
+    r: float = Field(default=1.0, gt=0.05, le=20.0)
+
+    @model_validator(mode="after")
+    def _nonzero(self) -> PreferredOrientation:
+        if self.hkl == (0, 0, 0):
+            raise ValueError("preferred orientation hkl must not be (0, 0, 0)")
+        return self
+
+
+def march_dollase(g_cart: np.ndarray, direction: np.ndarray, r: float) -> np.ndarray:
+    """P(α) for reciprocal vectors ``g_cart`` (M, 3) and a direction (3,): (M,)."""
+    cos2 = (g_cart @ direction) ** 2 / (np.einsum("ij,ij->i", g_cart, g_cart) * (direction @ direction))
+    return (r**2 * cos2 + (1.0 - cos2) / r) ** -1.5
+
+
+def phase_sticks(
+    phase: Phase,
+    instrument: Instrument,
+    *,
+    lattice_scale: float = 1.0,
+    orientation: PreferredOrientation | None = None,
+    debye_waller: dict[str, float] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Kα1 stick positions (unshifted) and absolute intensities of ``phase`` inside the scan.
+
+    The range is widened by 1° so that peaks just outside still leak their tails in.
+    """
+    lo = max(instrument.two_theta_min - 1.0, 0.1)
+    hi = min(instrument.two_theta_max + 1.0, 179.0)
+    refl = reflections(
+        phase,
+        wavelength=instrument.wavelength_ka1,
+        two_theta_range=(lo, hi),
+        debye_waller=debye_waller,
+        lattice_scale=lattice_scale,
+    )
+    intensity = refl.intensity
+    if orientation is not None and orientation.r != 1.0:
+        direction = np.asarray(orientation.hkl, dtype=float) @ np.linalg.inv(phase.lattice * lattice_scale).T
+        intensity = intensity * march_dollase(refl.g_cart, direction, orientation.r)
+    sticks = merge(refl.two_theta, intensity)
+    return sticks.two_theta, sticks.intensity
+
+
+def rescale_positions(two_theta: np.ndarray, scale: float, wavelength: float) -> np.ndarray:
+    """Stick positions after scaling the lattice by ``scale`` (d -> d·scale); NaN where no Bragg angle exists."""
+    sin = np.sin(np.radians(two_theta / 2.0)) / scale
+    out = np.full_like(two_theta, np.nan)
+    ok = sin < 1.0
+    out[ok] = np.degrees(2.0 * np.arcsin(sin[ok]))
+    return out
+
+
+def render(
+    instrument: Instrument,
+    two_theta: np.ndarray,
+    intensity: np.ndarray,
+    *,
+    crystallite_nm: float | None = None,
+    grid: np.ndarray | None = None,
+) -> np.ndarray:
+    """Profile (n,) of Kα1 sticks (P,) with the doublet, shifts and peak shapes; no background."""
+    grid = instrument.grid() if grid is None else grid
+    ok = np.isfinite(two_theta)
+    two_theta, intensity = two_theta[ok], intensity[ok]
+    positions = [two_theta]
+    weights = [intensity]
+    if instrument.ka2_ratio > 0:
+        sin2 = np.sin(np.radians(two_theta / 2.0)) * instrument.wavelength_ka2 / instrument.wavelength_ka1
+        ok2 = sin2 < 1.0
+        positions.append(np.degrees(2.0 * np.arcsin(sin2[ok2])))
+        weights.append(intensity[ok2] * instrument.ka2_ratio)
+    centres = instrument.shift(np.concatenate(positions))  # (P2,)
+    areas = np.concatenate(weights)  # (P2,)
+    fwhm, eta = instrument.fwhm_eta(centres, crystallite_nm)  # (P2,), (P2,)
+    return _pseudo_voigt_sum(grid, centres, areas, fwhm, eta, instrument.window_fwhm)
+
+
+def _pseudo_voigt_sum(
+    grid: np.ndarray, centres: np.ndarray, areas: np.ndarray, fwhm: np.ndarray, eta: np.ndarray, window: float
+) -> np.ndarray:
+    """Σ_p areas_p · pV_p on ``grid``: Lorentzian tails to ±window·H, the Gaussian part to ±3H.
+
+    Beyond 3H the Gaussian is below 1e-10 of its peak, so only the cheap
+    Lorentzian term is evaluated in the tails.
+    """
+    n = len(grid)
+    if len(centres) == 0:
+        return np.zeros(n)
+    x0 = grid[0]
+    step = grid[1] - grid[0]
+    centre_idx = np.rint((centres - x0) / step).astype(np.int64)[:, None]  # (P, 1)
+    inv_h = 1.0 / fwhm[:, None]  # (P, 1)
+    out = np.zeros(n)
+    # Lorentzian part (whole window)
+    lor_w = (areas * eta)[:, None] * (2.0 / math.pi) * inv_h
+    gau_w = (areas * (1.0 - eta))[:, None] * 2.0 * math.sqrt(_LN2 / math.pi) * inv_h
+    for half, kind in ((int(math.ceil(window * float(fwhm.max()) / step)), "lorentz"), (
+        int(math.ceil(3.0 * float(fwhm.max()) / step)),
+        "gauss",
+    )):
+        if kind == "lorentz" and not eta.any():
+            continue
+        idx = centre_idx + np.arange(-half, half + 1)[None, :]  # (P, K)
+        inside = (idx >= 0) & (idx < n)
+        dx2 = ((x0 + step * idx - centres[:, None]) * inv_h) ** 2  # (P, K), in units of H
+        if kind == "lorentz":
+            values = lor_w / (1.0 + 4.0 * dx2)
+        else:
+            values = gau_w * np.exp(-4.0 * _LN2 * dx2)
+        out += np.bincount(idx[inside], weights=values[inside], minlength=n)
+    return out
+
+
+def background(instrument: Instrument, coefficients: list[float] | tuple[float, ...], grid: np.ndarray | None = None):
+    """Chebyshev background (n,) over the scan range."""
+    grid = instrument.grid() if grid is None else grid
+    x = 2.0 * (grid - instrument.two_theta_min) / (instrument.two_theta_max - instrument.two_theta_min) - 1.0
+    return chebyshev.chebval(x, np.asarray(coefficients, dtype=float))
+
+
+def chebyshev_basis(instrument: Instrument, degree: int, grid: np.ndarray | None = None) -> np.ndarray:
+    """(n, degree + 1) Chebyshev columns T_0..T_degree over the scan range."""
+    grid = instrument.grid() if grid is None else grid
+    x = 2.0 * (grid - instrument.two_theta_min) / (instrument.two_theta_max - instrument.two_theta_min) - 1.0
+    return chebyshev.chebvander(x, degree)
