@@ -12,7 +12,7 @@ correction keeps, the ESS and the mismatch KL.
 
     .venv/bin/python benchmarks/objectives_bench.py [--tokens 262144] [--repeats 3]
 
-Prints two tables and writes benchmarks/results/objectives.json.
+Prints two tables and writes benchmarks/results/objectives.json and objectives_masking.png.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+
 from labrl.harness.objectives import (
     M2PO,
     TIS,
@@ -154,7 +155,30 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / "objectives.json"
     path.write_text(json.dumps({"tokens": args.tokens, "cost": cost, "masking": masking}, indent=2))
-    print(f"\nwrote {path}")
+    png = RESULTS / "objectives_masking.png"
+    plot_masking(masking, png)
+    print(f"\nwrote {path} and {png}")
+
+
+def plot_masking(masking: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sigmas = [r["sigma"] for r in masking]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key in ("tis_truncated", "token_mask", "geo_mask", "veto", "m2po"):
+        ax.plot(sigmas, [r[key] for r in masking], marker="o", label=key)
+    ax.plot(sigmas, [r["ess"] for r in masking], "k--", label="ESS")
+    ax.set_xscale("log")
+    ax.set_xlabel("sigma of log w (behaviour mismatch)")
+    ax.set_ylabel("fraction of valid tokens")
+    ax.set_title("tokens truncated (TIS) or removed (masks), applied in order")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -45,9 +45,9 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from labrl.harness.models.config import PRESETS, MoEModelConfig
 
 from labrl.errors import ConfigError
+from labrl.harness.models.config import PRESETS, MoEModelConfig
 
 Arch = Literal["qwen3_moe", "mixtral"]
 RMS_NORM_EPS = 1e-5  # megatron-core TransformerConfig.layernorm_epsilon default
@@ -242,9 +242,10 @@ def write_tokenizer_files(path: Path) -> None:
     the byte value, so ``AutoTokenizer`` (SGLang, transformers) and
     ``ByteTokenizer`` agree on every id.
     """
-    from labrl.harness.tokenizer import SPECIAL_TOKENS
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from tokenizers.pre_tokenizers import ByteLevel
+
+    from labrl.harness.tokenizer import SPECIAL_TOKENS
 
     alphabet = ByteLevel.alphabet()  # the 256 printable stand-ins for bytes, GPT-2 style
     byte_to_char = _bytes_to_unicode()

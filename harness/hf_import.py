@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from labrl.harness.hf_export import RMS_NORM_EPS, Arch, head_dim
-from labrl.harness.models.config import MoEModelConfig
 
 from labrl.errors import ConfigError
+from labrl.harness.hf_export import RMS_NORM_EPS, Arch, head_dim
+from labrl.harness.models.config import MoEModelConfig
 
 
 def _arch(config: Mapping) -> Arch:

@@ -202,7 +202,9 @@ class RestLabAdapter:
                 last = LabCircuitOpenError(
                     f"{method} {path}: circuit open after {cfg.breaker_threshold} consecutive failures"
                 )
-                await asyncio.sleep(max(self.breaker.retry_in(), backoff_delay(attempt, cfg.backoff_base_s, cfg.backoff_max_s, self._rng)))
+                if attempt + 1 < cfg.max_attempts:
+                    delay = backoff_delay(attempt, cfg.backoff_base_s, cfg.backoff_max_s, self._rng)
+                    await asyncio.sleep(max(self.breaker.retry_in(), delay))
                 continue
             if self._bucket is not None:
                 await self._bucket.acquire()

@@ -33,7 +33,18 @@ from pydantic import ValidationError
 from labrl.envs.actions import format_tool_call
 from labrl.envs.base import Env
 from labrl.envs.offload import run_cpu
-from labrl.envs.types import Action, Budgets, EnvSpec, Message, Observation, Split, StepResult, Task, ToolCall, ToolSpec
+from labrl.envs.types import (
+    Action,
+    Budgets,
+    EnvSpec,
+    Message,
+    Observation,
+    Split,
+    StepResult,
+    Task,
+    ToolCall,
+    ToolSpec,
+)
 from labrl.envs.xrd.measure import observe
 from labrl.envs.xrd.tasks import PhaseIdConfig, build_task_prompt, render_prompt
 from labrl.errors import ConfigError, EnvError, InvalidActionError
@@ -98,7 +109,12 @@ class PhaseIdEnv(Env):
         self._task = task
         if self.config.instrument_latency_s:
             await asyncio.sleep(self.config.instrument_latency_s)
-        args = (task.prompt["sample"], task.prompt["noise_seed"], self.config.n_peaks, self.config.profile_points)
+        args = (
+            task.prompt["sample"],
+            task.prompt["noise_seed"],
+            self.config.n_peaks,
+            self.config.profile_points,
+        )
         self._observed = await run_cpu(observe, *args) if self.config.offload else observe(*args)
         if not self._observed["peaks"]:
             raise EnvError(f"{task.task_id}: the simulated pattern has no detectable peaks")
@@ -116,9 +132,18 @@ class PhaseIdEnv(Env):
         if self.config.fit_latency_s:
             await asyncio.sleep(self.config.fit_latency_s)
         instrument = Instrument.model_validate(self._task.prompt["sample"]["instrument"]).model_copy(
-            update={"zero_shift": 0.0, "displacement_mm": 0.0}  # the lab knows its calibration, not the sample's
+            update={
+                "zero_shift": 0.0,
+                "displacement_mm": 0.0,
+            }  # the lab knows its calibration, not the sample's
         )
-        args = (self._observed["two_theta"], self._observed["counts"], tuple(phase_ids), instrument, self.config.fit)
+        args = (
+            self._observed["two_theta"],
+            self._observed["counts"],
+            tuple(phase_ids),
+            instrument,
+            self.config.fit,
+        )
         return await self.score(fit_phase_ids, *args, offload=self.config.offload)
 
     async def _reward(self, claimed: list[ClaimedPhase]) -> tuple[float, dict[str, Any]]:
@@ -130,13 +155,22 @@ class PhaseIdEnv(Env):
         reward = 0.0
         if mode in ("label", "blend"):
             label = await self.score(label_score, claimed, truth)
-            info["label"] = {"precision": label.precision, "recall": label.recall, "f1": label.f1, "wf_mae": label.wf_mae}
+            info["label"] = {
+                "precision": label.precision,
+                "recall": label.recall,
+                "f1": label.f1,
+                "wf_mae": label.wf_mae,
+            }
             reward = label.reward
         if mode in ("label_free", "blend"):
             fit = await self._fit([c.phase.id for c in claimed])
             info["fit"] = fit.summary()
             free = fit.reward
-            reward = free if mode == "label_free" else (1 - self.config.blend_weight) * reward + self.config.blend_weight * free
+            reward = (
+                free
+                if mode == "label_free"
+                else (1 - self.config.blend_weight) * reward + self.config.blend_weight * free
+            )
         info["reward_mode"] = mode
         return float(min(max(reward, 0.0), 1.0)), info
 
@@ -202,7 +236,11 @@ _TOOLS = (
     ToolSpec(
         name="simulate",
         description="The strongest Cu Ka peaks (2θ, relative intensity) of a library phase.",
-        parameters={"type": "object", "properties": {"phase_id": {"type": "string"}}, "required": ["phase_id"]},
+        parameters={
+            "type": "object",
+            "properties": {"phase_id": {"type": "string"}},
+            "required": ["phase_id"],
+        },
     ),
     ToolSpec(
         name="fit",
@@ -271,7 +309,9 @@ class PhaseIdToolsEnv(PhaseIdEnv):
                 reward, info = await self._reward(claimed)
                 return StepResult(reward=reward, done=True, info={**info, "tool_calls": self._calls})
             if self._calls >= self.config.max_tool_calls:
-                raise InvalidActionError(f"tool-call budget of {self.config.max_tool_calls} used up: call submit")
+                raise InvalidActionError(
+                    f"tool-call budget of {self.config.max_tool_calls} used up: call submit"
+                )
             self._calls += 1
             content = await self._run_tool(call)
             messages.append(Message(role="tool", name=call.name, tool_call_id=call.id, content=content))
@@ -288,18 +328,31 @@ class PhaseIdToolsEnv(PhaseIdEnv):
         args = call.arguments
         if call.name == "search_phases":
             elements = args.get("elements")
-            if not isinstance(elements, list) or not elements or not all(isinstance(e, str) for e in elements):
-                raise InvalidActionError('search_phases needs "elements": a non-empty list of element symbols')
+            if (
+                not isinstance(elements, list)
+                or not elements
+                or not all(isinstance(e, str) for e in elements)
+            ):
+                raise InvalidActionError(
+                    'search_phases needs "elements": a non-empty list of element symbols'
+                )
             found = library.search(elements)
-            rows = [{"id": p.id, "formula": p.formula, "space_group": p.spacegroup_symbol} for p in found[:_SEARCH_LIMIT]]
+            rows = [
+                {"id": p.id, "formula": p.formula, "space_group": p.spacegroup_symbol}
+                for p in found[:_SEARCH_LIMIT]
+            ]
             return json.dumps({"count": len(found), "phases": rows})
         if call.name == "simulate":
             phase_id = args.get("phase_id")
             if not isinstance(phase_id, str) or phase_id not in library:
-                raise InvalidActionError(f"simulate: unknown phase_id {phase_id!r} (use search_phases for ids)")
+                raise InvalidActionError(
+                    f"simulate: unknown phase_id {phase_id!r} (use search_phases for ids)"
+                )
             sticks = stick_pattern(library.get(phase_id), two_theta_range=(10.0, 80.0))
             top = sorted(zip(sticks.two_theta, sticks.scaled, strict=True), key=lambda x: -x[1])[:_SIM_PEAKS]
-            return json.dumps({"phase_id": phase_id, "peaks": [[round(t, 2), round(i, 1)] for t, i in sorted(top)]})
+            return json.dumps(
+                {"phase_id": phase_id, "peaks": [[round(t, 2), round(i, 1)] for t, i in sorted(top)]}
+            )
         if call.name == "fit":
             ids = args.get("phase_ids")
             if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
@@ -317,12 +370,20 @@ class PhaseIdToolsEnv(PhaseIdEnv):
                     "weight_fractions": {k: round(v, 3) for k, v in fit.weight_fractions.items()},
                 }
             )
-        raise InvalidActionError(f"unknown tool {call.name!r}; available: {', '.join(t.name for t in _TOOLS)}")
+        raise InvalidActionError(
+            f"unknown tool {call.name!r}; available: {', '.join(t.name for t in _TOOLS)}"
+        )
 
     def gold_actions(self, task: Task) -> Sequence[Action] | None:
-        answer = json.loads(self._answer_text(task.answer["phases"], with_weights=len(task.answer["phases"]) > 1))
+        answer = json.loads(
+            self._answer_text(task.answer["phases"], with_weights=len(task.answer["phases"]) > 1)
+        )
         text = format_tool_call("submit", {"answer": answer})
-        return [Action(text=text, tool_calls=(ToolCall(id="call_0", name="submit", arguments={"answer": answer}),))]
+        return [
+            Action(
+                text=text, tool_calls=(ToolCall(id="call_0", name="submit", arguments={"answer": answer}),)
+            )
+        ]
 
     def random_action(self, task: Task, rng: random.Random) -> Action:
         text = self.random_text(task, rng)

@@ -25,6 +25,6 @@ def observe(sample: dict[str, Any], noise_seed: int, n_peaks: int, profile_point
         out["profile"] = (
             float(m.two_theta[0]),
             float(m.two_theta[-1]),
-            [int(round(float(b.mean()))) for b in bins],
+            [round(float(b.mean())) for b in bins],
         )
     return out

@@ -44,7 +44,11 @@ def _fingerprint(phase_id: str) -> np.ndarray:
 def decoy(phase: Phase, exclude: set[str]) -> Phase:
     """The library phase sharing an element with ``phase`` whose pattern is most similar to it."""
     library = load_library()
-    pool = [p for p in library if p.id not in exclude and p.id != phase.id and set(p.elements) & set(phase.elements)]
+    pool = [
+        p
+        for p in library
+        if p.id not in exclude and p.id != phase.id and set(p.elements) & set(phase.elements)
+    ]
     pool = pool or [p for p in library if p.id not in exclude and p.id != phase.id]
     target = _fingerprint(phase.id)
     similarity = {p.id: float(_fingerprint(p.id) @ target) for p in pool}
@@ -82,7 +86,7 @@ def ranking_case(seed: int, split: str = "test", fit: FitConfig | None = None) -
     wrong_sets: dict[str, tuple[str, ...]] = {}
     for i, p in enumerate(phases):
         d = decoy(p, set(true_ids))
-        wrong_sets[f"swap {p.id}->{d.id}"] = true_ids[:i] + (d.id,) + true_ids[i + 1 :]
+        wrong_sets[f"swap {p.id}->{d.id}"] = (*true_ids[:i], d.id, *true_ids[i + 1:])
     minor = int(np.argmin(weights))
     wrong_sets[f"drop {true_ids[minor]}"] = true_ids[:minor] + true_ids[minor + 1 :]
     major = int(np.argmax(weights))

@@ -49,9 +49,13 @@ class PhaseIdConfig(BaseModel):
     show_widths: bool = Field(default=False, description="list peak FWHM next to 2θ and intensity")
     profile_points: int = Field(default=0, ge=0, le=400, description="append a downsampled profile (0 = off)")
     reward_mode: RewardMode = "label"
-    blend_weight: float = Field(default=0.5, ge=0.0, le=1.0, description="weight of the label-free reward in blend")
+    blend_weight: float = Field(
+        default=0.5, ge=0.0, le=1.0, description="weight of the label-free reward in blend"
+    )
     holdout_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
-    instrument_latency_s: float = Field(default=0.0, ge=0.0, description="simulated measurement time per reset")
+    instrument_latency_s: float = Field(
+        default=0.0, ge=0.0, description="simulated measurement time per reset"
+    )
     fit_latency_s: float = Field(default=0.0, ge=0.0, description="simulated refinement time per fit")
     offload: bool = Field(default=True, description="simulate and fit in the process pool (run_cpu)")
     max_tool_calls: int = Field(default=8, ge=1, le=64, description="tools env: tool calls per episode")
@@ -81,7 +85,9 @@ def _pools(library: PhaseLibrary, holdout: float, split: Split) -> tuple[list[Ph
     return (kept, kept) if split == "train" else (list(library), held)
 
 
-def _related(rng: np.random.Generator, first: Phase, pool: list[Phase], exclude: set[str], n: int) -> list[Phase]:
+def _related(
+    rng: np.random.Generator, first: Phase, pool: list[Phase], exclude: set[str], n: int
+) -> list[Phase]:
     """``n`` distinct phases, preferring those sharing an element with ``first``."""
     share = [p for p in pool if p.id not in exclude and set(p.elements) & set(first.elements)]
     other = [p for p in pool if p.id not in exclude and not set(p.elements) & set(first.elements)]
@@ -104,7 +110,9 @@ def _instrument(rng: np.random.Generator, tier: int) -> Instrument:
     )
 
 
-def build_task_prompt(config: PhaseIdConfig, split: Split, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def build_task_prompt(
+    config: PhaseIdConfig, split: Split, seed: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """(prompt data, answer) of task (split, seed). Pure: no simulation happens here."""
     library = load_library()
     rng = np.random.default_rng([_split_code(split), int(seed), _SALT])
@@ -187,7 +195,8 @@ def render_prompt(config: PhaseIdConfig, prompt: dict[str, Any], observed: dict[
     tier = prompt["tier"]
     if tier == 1:
         options = " ".join(
-            f"{k}) {library.get(v).formula} {library.get(v).spacegroup_symbol}" for k, v in prompt["candidates"].items()
+            f"{k}) {library.get(v).formula} {library.get(v).spacegroup_symbol}"
+            for k, v in prompt["candidates"].items()
         )
         lines.append(f"{options}\nAnswer with the letter.")
     elif tier == 2:

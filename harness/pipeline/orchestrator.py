@@ -161,9 +161,16 @@ class Orchestrator:
 
     @property
     def keep_rate(self) -> float:
+        """Expected fraction of started groups that are kept: 1 outside pipeline mode.
+
+        Estimated as ``(kept + 4) / (finished + 4)`` (four pseudo-groups, all
+        kept) and floored at 0.25: a few early drops must not let dozens of
+        groups run ahead of the learner.
+        """
         if self.cfg.mode != "pipeline":
             return 1.0
-        return max(0.1, self.buffer.keep_rate)
+        c = self.buffer.counters
+        return max(0.25, (c["groups_kept"] + 4) / (c["groups_added"] + 4))
 
     async def run(self) -> dict[str, Any]:
         """Train until ``total_steps`` or a stop request; returns a summary."""

@@ -36,9 +36,10 @@ import numpy as np
 import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
 from labrl.harness.samplers.sglang_wire import SGLANG_SAMPLING_KEYS, encode_routed_experts
 from labrl.harness.types import GenerateRequest, Sampler, SamplingParams
-from pydantic import BaseModel, ConfigDict, Field
 
 ServerRelease = Literal["0.5.23", "0.5.15"]
 WeightLoader = Callable[[str], Mapping[str, torch.Tensor]]  # checkpoint dir -> backend weights
@@ -549,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     import uvicorn
+
     from labrl.harness.hf_import import config_from_hf, load_hf_checkpoint
     from labrl.harness.samplers.local import LocalSampler
     from labrl.harness.samplers.sglang_dist import WeightReceiver

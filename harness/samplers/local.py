@@ -40,13 +40,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from labrl.errors import SamplerError
 from labrl.harness.models.build import build_gpt_model
 from labrl.harness.models.config import DTYPES, MoEModelConfig, ParallelConfig, Precision
 from labrl.harness.models.routing import from_megatron_layout, model_router_replays
 from labrl.harness.types import GenerateRequest, GenerateResult, SamplingParams
-from pydantic import BaseModel, ConfigDict, Field
-
-from labrl.errors import SamplerError
 
 
 class LocalSamplerConfig(BaseModel):

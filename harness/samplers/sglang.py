@@ -40,6 +40,9 @@ from typing import Any, Literal
 import httpx
 import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from labrl.errors import ConfigError, SamplerError
 from labrl.harness.samplers.sglang_pool import RoutingPolicy, ServerPool, ServerState
 from labrl.harness.samplers.sglang_wire import (
     decode_segment,
@@ -50,9 +53,6 @@ from labrl.harness.samplers.sglang_wire import (
     to_learner_layout,
 )
 from labrl.harness.types import FinishReason, GenerateRequest, GenerateResult
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from labrl.errors import ConfigError, SamplerError
 
 log = logging.getLogger(__name__)
 

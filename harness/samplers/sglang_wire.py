@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from labrl.harness.types import FinishReason, SamplingParams
 
 from labrl.errors import SamplerError
+from labrl.harness.types import FinishReason, SamplingParams
 
 # SamplingParams keys SGLang's ``SamplingParams.__init__`` accepts (the subset
 # labrl may send or the fake server accepts); anything else is a TypeError

@@ -116,11 +116,23 @@ async def test_circuit_breaker_fails_fast_then_probes(api_key):
         return httpx.Response(500)
 
     lab = adapter(handler, max_attempts=6, breaker_threshold=2, breaker_reset_s=0.05)
-    with pytest.raises(LabCircuitOpenError):
+    with pytest.raises(LabStatusError, match=re.escape("POST /jobs: HTTP 500")):
         await lab.submit({"x": 1}, "k1")
-    # 2 failures open the circuit; the remaining attempts alternate fast-fails and single probes
-    assert len(calls) < 6 and lab.stats["breaker_fast_fail"] >= 1
-    assert lab.breaker.times_opened >= 1
+    # attempts: fail, fail (circuit opens), fast-fail, probe fails (reopens), fast-fail, probe fails
+    assert len(calls) == 4
+    assert lab.stats["breaker_fast_fail"] == 2
+    assert lab.breaker.times_opened == 3
+    assert not lab.breaker.allow()  # open again right after the failed probe
+
+
+async def test_breaker_open_error_when_never_probed(api_key):
+    calls = []
+    lab = adapter(lambda r: calls.append(1) or httpx.Response(500), max_attempts=1, breaker_threshold=2, breaker_reset_s=30)
+    lab.breaker.record_failure()
+    lab.breaker.record_failure()
+    with pytest.raises(LabCircuitOpenError, match=re.escape("POST /jobs: circuit open after 2 consecutive failures")):
+        await lab.submit({"x": 1}, "k1")
+    assert calls == []  # the lab was not touched
     await lab.aclose()
 
 

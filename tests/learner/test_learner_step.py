@@ -18,8 +18,15 @@ def _objective(learner, batch, prepared):
 
 
 def test_one_step_lowers_the_objective(h):
-    # Adam's first step moves every weight by ~lr: keep it small enough for a first-order decrease
-    learner = MegatronLearner(LearnerConfig(micro_batch_size=3, optimizer=OptimizerConfig(lr=1e-4)))
+    # REINFORCE's loss value is the surrogate the gradient descends (CISPO's re-evaluates its
+    # stop-gradient weights at the new point); Adam's first step moves each weight by ~lr.
+    learner = MegatronLearner(
+        LearnerConfig(
+            micro_batch_size=3,
+            optimizer=OptimizerConfig(lr=1e-4),
+            objective=objectives.ObjectiveConfig(loss="reinforce"),
+        )
+    )
     batch = h.sampled_batch(h.make_sampler(learner, "fp32"), n=8, max_new=12, seed=11)
     old = learner.logprobs(batch.tokens_B_T, batch.routed_experts_B_T_L_K)
     prepared = objectives.prepare(

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+
 from labrl.harness.objectives import ObjectiveInputs
 
 torch.set_num_threads(1)

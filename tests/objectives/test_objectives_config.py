@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import re
 
-import labrl.harness.objectives as objectives
 import pytest
-from labrl.harness.objectives import M2PO, TIS, ObjectiveConfig, Veto
 from pydantic import ValidationError
 
+import labrl.harness.objectives as objectives
 from labrl.errors import ConfigError
+from labrl.harness.objectives import M2PO, TIS, ObjectiveConfig, Veto
 
 
 def test_defaults_follow_the_reference() -> None:

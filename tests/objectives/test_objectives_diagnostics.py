@@ -8,6 +8,8 @@ import re
 
 import pytest
 import torch
+
+from labrl.errors import ConfigError, LearnerError
 from labrl.harness.objectives import (
     ObjectiveConfig,
     ObjectiveInputs,
@@ -19,8 +21,6 @@ from labrl.harness.objectives import (
     ratio_stats,
     staleness_stats,
 )
-
-from labrl.errors import ConfigError, LearnerError
 
 ROW = torch.ones(1, 2, dtype=torch.bool)
 

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+
 from labrl.harness.objectives import (
     M2PO,
     TIS,

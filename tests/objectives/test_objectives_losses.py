@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from labrl.harness.objectives import (
     cispo_loss,
     gspo_loss,

@@ -7,6 +7,7 @@ import math
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from labrl.harness.objectives import (
     M2PO,
     TIS,

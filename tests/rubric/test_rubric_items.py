@@ -165,3 +165,30 @@ async def test_deterministic_rubric_needs_no_judge() -> None:
 async def test_llm_items_without_judges_is_config_error(rubric: Rubric) -> None:
     with pytest.raises(ConfigError, match=re.escape("rubric has 3 llm item(s) but the grader has no judges")):
         await RubricGrader().grade(rubric, "text")
+
+
+def test_public_surface() -> None:
+    import labrl.envs.judged as judged
+    import labrl.verifiers.rubric as rubric
+
+    assert sorted(rubric.__all__) == sorted(
+        ["ContainsItem", "Disagreement", "ItemResult", "JudgeCache", "JudgeClient", "JudgeConfig", "LLMItem"]
+        + [
+            "NumericItem",
+            "RegexItem",
+            "Rubric",
+            "RubricGrader",
+            "RubricItem",
+            "RubricResult",
+            "default_cache",
+        ]
+        + ["rubric_score", "score_deterministic"]
+    )
+    assert all(hasattr(rubric, name) for name in rubric.__all__)
+    assert sorted(judged.__all__) == [
+        "QATask",
+        "ScienceQAConfig",
+        "ScienceQAEnv",
+        "load_tasks",
+        "parse_tasks",
+    ]

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
+
 from labrl.harness.samplers.fake_server import FakeServerConfig, FakeSGLangServer
 from labrl.harness.types import GenerateRequest, GenerateResult
 

@@ -13,11 +13,11 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from labrl.harness.samplers.sglang import SGLangSampler, SGLangSamplerConfig
-from labrl.harness.types import GenerateRequest, Sampler, SamplingParams
 from sglang_toy import MOE_LAYERS, NUM_HIDDEN_LAYERS, TOPK, make_server, toy_generate, toy_routing
 
 from labrl.errors import SamplerError
+from labrl.harness.samplers.sglang import SGLangSampler, SGLangSamplerConfig
+from labrl.harness.types import GenerateRequest, Sampler, SamplingParams
 
 pytestmark = pytest.mark.timeout(60)
 

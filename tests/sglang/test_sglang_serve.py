@@ -16,14 +16,14 @@ import threading
 import numpy as np
 import pytest
 import torch
+
+from labrl.cli import main
 from labrl.harness.hf_export import TINY_MOE_QWEN3, export_hf_checkpoint
 from labrl.harness.models.build import build_gpt_model
 from labrl.harness.samplers.sglang import SGLangSampler, SGLangSamplerConfig
 from labrl.harness.samplers.sglang_dist import WeightBroadcaster
 from labrl.harness.samplers.sglang_launch import Supervisor, server_command
 from labrl.harness.types import GenerateRequest, SamplingParams
-
-from labrl.cli import main
 
 SMALL = TINY_MOE_QWEN3.model_copy(
     update={

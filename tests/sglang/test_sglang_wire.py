@@ -6,6 +6,8 @@ import re
 
 import numpy as np
 import pytest
+
+from labrl.errors import SamplerError
 from labrl.harness.samplers.sglang import SGLangSamplerConfig, _version_tuple
 from labrl.harness.samplers.sglang_pool import ServerPool, group_key
 from labrl.harness.samplers.sglang_wire import (
@@ -19,8 +21,6 @@ from labrl.harness.samplers.sglang_wire import (
     versions_from_spans,
 )
 from labrl.harness.types import SamplingParams
-
-from labrl.errors import SamplerError
 
 
 def test_payload_uses_sglang_field_names():

@@ -61,13 +61,25 @@ def test_parse_answer_forms():
     [
         ("", f"empty answer. {FORMAT_HINT}"),
         ("TiO2", "TiO2 is ambiguous: give its space group, one of P4_2/mnm (136), I4_1/amd (141), Pbca (61)"),
-        ('{"phases": [{"formula": "NaCl", "space_group": 12}]}', "NaCl with space group 12 is not in the phase library; known: Fm-3m (225)"),
+        (
+            '{"phases": [{"formula": "NaCl", "space_group": 12}]}',
+            "NaCl with space group 12 is not in the phase library; known: Fm-3m (225)",
+        ),
         ('{"phases": [{"formula": "Na3Cl"}]}', "no phase with formula 'Na3Cl' in the phase library"),
         ('{"phases": ["NaCl", "NaCl"]}', "phase(s) listed more than once: ['NaCl_225']"),
         ('{"phases": []}', f'"phases" must be a non-empty list. {FORMAT_HINT}'),
-        ('{"phases": [{"space_group": 225}]}', "each phase needs a \"formula\" string, got {'space_group': 225}."),
-        ('{"phases": [{"formula": "NaCl", "space_group": 225, "weight_fraction": "lots"}]}', "weight fraction must be a number, got 'lots'"),
-        ('{"phases": [{"formula": "NaCl", "space_group": 400}]}', "space group number must be an integer in 1..230, got 400"),
+        (
+            '{"phases": [{"space_group": 225}]}',
+            "each phase needs a \"formula\" string, got {'space_group': 225}.",
+        ),
+        (
+            '{"phases": [{"formula": "NaCl", "space_group": 225, "weight_fraction": "lots"}]}',
+            "weight fraction must be a number, got 'lots'",
+        ),
+        (
+            '{"phases": [{"formula": "NaCl", "space_group": 400}]}',
+            "space group number must be an integer in 1..230, got 400",
+        ),
     ],
 )
 def test_parse_answer_errors(text, message):
@@ -76,7 +88,9 @@ def test_parse_answer_errors(text, message):
 
 
 def test_out_of_candidates():
-    with pytest.raises(InvalidActionError, match=re.escape("'Si' is not one of the candidates: A) NaCl, B) TiO2")):
+    with pytest.raises(
+        InvalidActionError, match=re.escape("'Si' is not one of the candidates: A) NaCl, B) TiO2")
+    ):
         parse_answer("Si", load_library(), candidates={"A": "NaCl_225", "B": "TiO2_136"})
 
 

@@ -45,7 +45,9 @@ def test_march_dollase_by_hand():
 def test_fit_recovers_hill_howard_weight_fractions():
     truth = {"NaCl_225": 0.5, "TiO2_136": 0.3, "Al2O3_167": 0.2}
     sample = Sample(
-        components=tuple(Component(phase_id=k, weight_fraction=v, crystallite_nm=100.0) for k, v in truth.items()),
+        components=tuple(
+            Component(phase_id=k, weight_fraction=v, crystallite_nm=100.0) for k, v in truth.items()
+        ),
         peak_counts=50_000,
     )
     m = measure(sample, seed=3)

@@ -76,10 +76,14 @@ def _resolve(
     if space_group is not None and space_group != "":
         if isinstance(space_group, bool):
             raise InvalidActionError(f"space group must be a number or a symbol, got {space_group!r}")
-        if isinstance(space_group, int | float) or (isinstance(space_group, str) and space_group.strip().isdigit()):
+        if isinstance(space_group, int | float) or (
+            isinstance(space_group, str) and space_group.strip().isdigit()
+        ):
             number = int(float(space_group))
             if float(space_group) != number or not 1 <= number <= 230:
-                raise InvalidActionError(f"space group number must be an integer in 1..230, got {space_group!r}")
+                raise InvalidActionError(
+                    f"space group number must be an integer in 1..230, got {space_group!r}"
+                )
             chosen = [p for p in matches if p.spacegroup_number == number]
         elif isinstance(space_group, str):
             chosen = [p for p in matches if _norm_symbol(p.spacegroup_symbol) == _norm_symbol(space_group)]
@@ -87,7 +91,9 @@ def _resolve(
             raise InvalidActionError(f"space group must be a number or a symbol, got {space_group!r}")
         if not chosen:
             known = ", ".join(f"{p.spacegroup_symbol} ({p.spacegroup_number})" for p in matches)
-            raise InvalidActionError(f"{name} with space group {space_group!r} is not in the phase library; known: {known}")
+            raise InvalidActionError(
+                f"{name} with space group {space_group!r} is not in the phase library; known: {known}"
+            )
         return chosen[0]
     if len(matches) > 1:
         known = ", ".join(f"{p.spacegroup_symbol} ({p.spacegroup_number})" for p in matches)

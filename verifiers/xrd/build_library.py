@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import warnings
 import json
 import math
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,10 @@ def _phase_record(structure: Any, source: str, tags: dict[str, Any]) -> dict[str
         "abc": [round(x, 6) for x in structure.lattice.abc],
         "angles": [round(x, 6) for x in structure.lattice.angles],
         "sites": [
-            {"species": {sp.symbol: float(occ) for sp, occ in site.species.items()}, "frac": site.frac_coords.tolist()}
+            {
+                "species": {sp.symbol: float(occ) for sp, occ in site.species.items()},
+                "frac": site.frac_coords.tolist(),
+            }
             for site in structure
         ],
         "source": source,
@@ -117,23 +120,40 @@ def _substitutions(parents: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     def below(symbol: str) -> str | None:
         el = Element(symbol)
-        if el.is_noble_gas or el.is_lanthanoid or el.atomic_radius is None or el.is_actinoid or el.group in (None,) or el.row >= 6:
+        if (
+            el.is_noble_gas
+            or el.is_lanthanoid
+            or el.atomic_radius is None
+            or el.is_actinoid
+            or el.group in (None,)
+            or el.row >= 6
+        ):
             return None
         for cand in Element:
             if cand.group == el.group and cand.row == el.row + 1 and not cand.is_lanthanoid:
-                return cand.symbol if cand.atomic_radius is not None and el.atomic_radius is not None else None
+                return (
+                    cand.symbol if cand.atomic_radius is not None and el.atomic_radius is not None else None
+                )
         return None
 
     out = []
     for parent in parents:
-        if parent["source"] != "aflow" or len(parent["sites"]) > _MAX_SUB_SITES or len(parent["elements"]) > 3:
+        if (
+            parent["source"] != "aflow"
+            or len(parent["sites"]) > _MAX_SUB_SITES
+            or len(parent["elements"]) > 3
+        ):
             continue
         for old in parent["elements"]:
             new = below(old)
             if new is None or new in parent["elements"]:
                 continue
-            r_old = sum(Element(el).atomic_radius * occ for s in parent["sites"] for el, occ in s["species"].items())
-            species = [{(new if el == old else el): occ for el, occ in s["species"].items()} for s in parent["sites"]]
+            r_old = sum(
+                Element(el).atomic_radius * occ for s in parent["sites"] for el, occ in s["species"].items()
+            )
+            species = [
+                {(new if el == old else el): occ for el, occ in s["species"].items()} for s in parent["sites"]
+            ]
             r_new = sum(Element(el).atomic_radius * occ for s in species for el, occ in s.items())
             scale = float(r_new / r_old)
             lattice = Lattice([[x * scale for x in row] for row in parent["lattice"]])
@@ -150,13 +170,17 @@ def build_library() -> dict[str, Any]:
     aflow = _aflow()
     for record in [*aflow, *_ase_elements(), *_substitutions(aflow)]:
         phases.setdefault(record["id"], record)
-    ordered = sorted(phases.values(), key=lambda r: ({"aflow": 0, "ase": 1, "substitution": 2}[r["source"]], r["id"]))
+    ordered = sorted(
+        phases.values(), key=lambda r: ({"aflow": 0, "ase": 1, "substitution": 2}[r["source"]], r["id"])
+    )
+    from labrl.verifiers.xrd.scattering import scattering_table
+
+    table = scattering_table()
     for record in ordered:
         # cell mass in amu and volume in Å^3: the Hill–Howard denominators
-        from labrl.verifiers.xrd.scattering import scattering_table
-
-        table = scattering_table()
-        record["cell_mass"] = sum(table.mass[el] * occ for s in record["sites"] for el, occ in s["species"].items())
+        record["cell_mass"] = sum(
+            table.mass[el] * occ for s in record["sites"] for el, occ in s["species"].items()
+        )
         m = record["lattice"]
         record["volume"] = abs(
             m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1])
@@ -177,7 +201,9 @@ def build_library() -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the shipped library differs from a rebuild")
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 if the shipped library differs from a rebuild"
+    )
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", message="No Pauling electronegativity")
     text = json.dumps(build_library(), indent=None, separators=(",", ":"), sort_keys=True)

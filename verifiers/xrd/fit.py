@@ -42,7 +42,6 @@ from labrl.verifiers.xrd.library import Phase, load_library
 from labrl.verifiers.xrd.mixture import weight_fractions
 from labrl.verifiers.xrd.profile import Instrument, chebyshev_basis, phase_sticks, render, rescale_positions
 
-
 _COARSE_ZERO_STEP = 0.03  # degrees; below the narrowest peak width, so the linearised steps converge
 
 
@@ -136,7 +135,9 @@ def fit_phases(
     """Fit ``phases`` to the measurement; see the module docstring. ``instrument`` is the nominal calibration."""
     config = config or FitConfig()
     grid = np.asarray(two_theta, dtype=float)
-    problem = _Problem(np.asarray(counts, dtype=float), chebyshev_basis(instrument, config.background_degree, grid))
+    problem = _Problem(
+        np.asarray(counts, dtype=float), chebyshev_basis(instrument, config.background_degree, grid)
+    )
     ids = tuple(p.id for p in phases)
     sticks = [_sticks(pid, instrument) for pid in ids]
     wl = instrument.wavelength_ka1
@@ -170,14 +171,20 @@ def fit_phases(
         extra = [-sum(s * d for s, d in zip(scale_arr, derivs, strict=True))]
         if config.max_lattice_strain > 0:
             extra += [-s * dshift_dstrain * d for s, d in zip(scale_arr, derivs, strict=True)]
-        a = np.column_stack([*(c * problem.sw for c in cols), *(e * problem.sw for e in extra), problem.basis_w])
+        a = np.column_stack(
+            [*(c * problem.sw for c in cols), *(e * problem.sw for e in extra), problem.basis_w]
+        )
         coef, *_ = np.linalg.lstsq(a, problem.yw, rcond=None)
         deltas = coef[len(cols) : len(cols) + len(extra)]
         zero = float(np.clip(zero + deltas[0], -config.max_zero_shift, config.max_zero_shift))
         for i, pid in enumerate(ids):
             if config.max_lattice_strain > 0 and scale_arr[i] > 0:
                 strains[pid] = float(
-                    np.clip(strains[pid] + deltas[1 + i], 1 - config.max_lattice_strain, 1 + config.max_lattice_strain)
+                    np.clip(
+                        strains[pid] + deltas[1 + i],
+                        1 - config.max_lattice_strain,
+                        1 + config.max_lattice_strain,
+                    )
                 )
 
     if ids:

@@ -46,7 +46,9 @@ def parse_formula(formula: str) -> dict[str, float]:
             last = group
         elif number:
             if last is None:
-                raise InvalidActionError(f"formula {formula!r}: number {number} does not follow an element or ')'")
+                raise InvalidActionError(
+                    f"formula {formula!r}: number {number} does not follow an element or ')'"
+                )
             extra = float(number) - 1.0
             _merge(stack[-1], {el: n * extra for el, n in last.items()})
             last = None

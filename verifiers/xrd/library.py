@@ -64,7 +64,8 @@ class Phase:
         from pymatgen.core import Lattice, Structure
 
         species = [
-            {el: float(occ) for el, occ in zip(self.elements, row, strict=True) if occ > 0} for row in self.occupancy
+            {el: float(occ) for el, occ in zip(self.elements, row, strict=True) if occ > 0}
+            for row in self.occupancy
         ]
         return Structure(Lattice(self.lattice), species, self.frac_coords)
 
@@ -76,7 +77,11 @@ def _phase_from_record(record: dict[str, Any]) -> Phase:
     for n, site in enumerate(record["sites"]):
         for el, occ in site["species"].items():
             occupancy[n, index[el]] = occ
-    arrays = [np.asarray(record["lattice"], dtype=float), np.asarray([s["frac"] for s in record["sites"]]), occupancy]
+    arrays = [
+        np.asarray(record["lattice"], dtype=float),
+        np.asarray([s["frac"] for s in record["sites"]]),
+        occupancy,
+    ]
     for arr in arrays:
         arr.setflags(write=False)
     return Phase(

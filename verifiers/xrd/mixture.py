@@ -39,7 +39,9 @@ class Sample(BaseModel):
     components: tuple[Component, ...]
     instrument: Instrument = Field(default_factory=Instrument)
     background: tuple[float, ...] = (200.0, -60.0, 20.0)  # Chebyshev coefficients, counts
-    peak_counts: float = Field(default=10_000.0, gt=0.0)  # expected counts at the strongest point above background
+    peak_counts: float = Field(
+        default=10_000.0, gt=0.0
+    )  # expected counts at the strongest point above background
 
     @field_validator("components")
     @classmethod
@@ -72,7 +74,9 @@ def hill_howard_scale(phase: Phase, weight_fraction: float, lattice_scale: float
     return weight_fraction / (phase.cell_mass * phase.volume * lattice_scale**3)
 
 
-def weight_fractions(scales: dict[str, float], lattice_scales: dict[str, float] | None = None) -> dict[str, float]:
+def weight_fractions(
+    scales: dict[str, float], lattice_scales: dict[str, float] | None = None
+) -> dict[str, float]:
     """Invert Hill–Howard: w_p = S_p M_p V_p / Σ S M V (scales keyed by phase id)."""
     library = load_library()
     lattice_scales = lattice_scales or {}
@@ -94,7 +98,9 @@ def expected_pattern(sample: Sample) -> tuple[np.ndarray, np.ndarray, np.ndarray
     peaks = np.zeros_like(grid)
     for comp in sample.components:
         phase = library.get(comp.phase_id)
-        pos, inten = phase_sticks(phase, instrument, lattice_scale=comp.lattice_scale, orientation=comp.orientation)
+        pos, inten = phase_sticks(
+            phase, instrument, lattice_scale=comp.lattice_scale, orientation=comp.orientation
+        )
         scale = hill_howard_scale(phase, comp.weight_fraction, comp.lattice_scale)
         peaks += scale * render(instrument, pos, inten, crystallite_nm=comp.crystallite_nm, grid=grid)
     peaks *= sample.peak_counts / peaks.max()

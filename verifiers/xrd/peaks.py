@@ -15,7 +15,12 @@ from scipy.signal import find_peaks, peak_widths, savgol_filter
 
 
 def pick_peaks(
-    two_theta: np.ndarray, counts: np.ndarray, *, max_peaks: int = 10, k_sigma: float = 6.0, min_rel: float = 0.01
+    two_theta: np.ndarray,
+    counts: np.ndarray,
+    *,
+    max_peaks: int = 10,
+    k_sigma: float = 6.0,
+    min_rel: float = 0.01,
 ) -> list[tuple[float, float, float]]:
     """Up to ``max_peaks`` strongest peaks as (2θ, relative intensity, FWHM), sorted by 2θ."""
     step = float(two_theta[1] - two_theta[0])

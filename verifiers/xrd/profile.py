@@ -82,7 +82,7 @@ class Instrument(BaseModel):
 
     def grid(self) -> np.ndarray:
         """Scan points (n,) in degrees 2θ."""
-        n = int(round((self.two_theta_max - self.two_theta_min) / self.step)) + 1
+        n = round((self.two_theta_max - self.two_theta_min) / self.step) + 1
         return self.two_theta_min + self.step * np.arange(n)
 
     def fwhm_eta(self, two_theta: np.ndarray, crystallite_nm: float | None) -> tuple[np.ndarray, np.ndarray]:
@@ -107,7 +107,11 @@ class Instrument(BaseModel):
     def shift(self, two_theta: np.ndarray) -> np.ndarray:
         """Observed positions after zero shift and sample displacement."""
         cos = np.cos(np.radians(two_theta / 2.0))
-        return two_theta + self.zero_shift - np.degrees(2.0 * self.displacement_mm * cos / self.goniometer_radius_mm)
+        return (
+            two_theta
+            + self.zero_shift
+            - np.degrees(2.0 * self.displacement_mm * cos / self.goniometer_radius_mm)
+        )
 
 
 class PreferredOrientation(BaseModel):
@@ -211,10 +215,13 @@ def _pseudo_voigt_sum(
     # Lorentzian part (whole window)
     lor_w = (areas * eta)[:, None] * (2.0 / math.pi) * inv_h
     gau_w = (areas * (1.0 - eta))[:, None] * 2.0 * math.sqrt(_LN2 / math.pi) * inv_h
-    for half, kind in ((int(math.ceil(window * float(fwhm.max()) / step)), "lorentz"), (
-        int(math.ceil(3.0 * float(fwhm.max()) / step)),
-        "gauss",
-    )):
+    for half, kind in (
+        (math.ceil(window * float(fwhm.max()) / step), "lorentz"),
+        (
+            math.ceil(3.0 * float(fwhm.max()) / step),
+            "gauss",
+        ),
+    ):
         if kind == "lorentz" and not eta.any():
             continue
         idx = centre_idx + np.arange(-half, half + 1)[None, :]  # (P, K)
@@ -228,7 +235,9 @@ def _pseudo_voigt_sum(
     return out
 
 
-def background(instrument: Instrument, coefficients: list[float] | tuple[float, ...], grid: np.ndarray | None = None):
+def background(
+    instrument: Instrument, coefficients: list[float] | tuple[float, ...], grid: np.ndarray | None = None
+):
     """Chebyshev background (n,) over the scan range."""
     grid = instrument.grid() if grid is None else grid
     x = 2.0 * (grid - instrument.two_theta_min) / (instrument.two_theta_max - instrument.two_theta_min) - 1.0

@@ -32,8 +32,15 @@ CU_KA2 = 1.54439
 def pymatgen_scattering_file() -> Path:
     spec = importlib.util.find_spec("pymatgen")
     if spec is None or not spec.submodule_search_locations:
-        raise ConfigError("labrl.verifiers.xrd needs pymatgen installed (its scattering-factor table is read at run time)")
-    path = Path(next(iter(spec.submodule_search_locations))) / "analysis" / "diffraction" / "atomic_scattering_params.json"
+        raise ConfigError(
+            "labrl.verifiers.xrd needs pymatgen installed (its scattering-factor table is read at run time)"
+        )
+    path = (
+        Path(next(iter(spec.submodule_search_locations)))
+        / "analysis"
+        / "diffraction"
+        / "atomic_scattering_params.json"
+    )
     if not path.exists():
         raise ConfigError(f"pymatgen's scattering table is missing at {path}: reinstall pymatgen")
     return path
@@ -50,7 +57,9 @@ class ScatteringTable:
         missing = [el for el in elements if el not in self.params]
         if missing:
             raise ConfigError(f"no X-ray scattering coefficients for {missing}")
-        return np.array([self.z[el] for el in elements], dtype=float), np.stack([self.params[el] for el in elements])
+        return np.array([self.z[el] for el in elements], dtype=float), np.stack(
+            [self.params[el] for el in elements]
+        )
 
 
 @cache

@@ -77,7 +77,11 @@ def _hkl_box(recip: np.ndarray, lattice: np.ndarray, g_max: float) -> np.ndarray
     ell = np.arange(-bounds[2], bounds[2] + 1)
     hh, kk, ll = np.meshgrid(h, k, ell, indexing="ij")
     hkl = np.stack([hh.ravel(), kk.ravel(), ll.ravel()], axis=1)  # (Mbox, 3)
-    half = (hkl[:, 0] > 0) | ((hkl[:, 0] == 0) & (hkl[:, 1] > 0)) | ((hkl[:, 0] == 0) & (hkl[:, 1] == 0) & (hkl[:, 2] > 0))
+    half = (
+        (hkl[:, 0] > 0)
+        | ((hkl[:, 0] == 0) & (hkl[:, 1] > 0))
+        | ((hkl[:, 0] == 0) & (hkl[:, 1] == 0) & (hkl[:, 2] > 0))
+    )
     return hkl[half]
 
 

@@ -1,0 +1,47 @@
+"""The distribution ships every subpackage and exports what we mean to export."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import labrl
+import labrl.envs
+import labrl.errors
+
+ROOT = Path(__file__).parents[2]
+MAPPED = {"labrl": "labrl", "labrl.envs": "envs", "labrl.verifiers": "verifiers", "labrl.lab_adapters": "lab_adapters", "labrl.harness": "harness"}
+
+
+def test_every_subpackage_is_listed_in_pyproject():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert config["package-dir"] == MAPPED
+    on_disk = set()
+    for dotted, folder in MAPPED.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            relative = init.parent.relative_to(ROOT / folder)
+            on_disk.add(".".join([dotted, *relative.parts]))
+    assert sorted(on_disk - set(config["packages"])) == []
+
+
+def test_public_surface():
+    assert (ROOT / "labrl" / "py.typed").exists()
+    assert set(labrl.__all__) == {"ConfigError", "LabrlError", "__version__", "errors"}
+    assert {"make", "register", "run_episode", "check_env", "Env", "Outcome", "StepResult"} <= set(labrl.envs.__all__)
+    for name in labrl.envs.__all__:
+        assert getattr(labrl.envs, name) is not None
+    for name in labrl.errors.__all__:
+        error = getattr(labrl.errors, name)
+        assert issubclass(error, labrl.errors.LabrlError)
+
+
+def test_errors_pickle_and_subclass_builtins():
+    import pickle
+
+    from labrl.errors import ConfigError, EnvTimeoutError, InvalidActionError, LabTransportError
+
+    for error, builtin in [(ConfigError, ValueError), (EnvTimeoutError, TimeoutError), (InvalidActionError, ValueError), (LabTransportError, ConnectionError)]:
+        exc = error("what to fix")
+        assert isinstance(exc, builtin)
+        again = pickle.loads(pickle.dumps(exc))
+        assert type(again) is error and str(again) == "what to fix"

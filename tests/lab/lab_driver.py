@@ -1,0 +1,37 @@
+"""A client process for the SIGKILL test: runs N echo jobs through a JournaledLab.
+
+Usage: python lab_driver.py URL JOURNAL OUT N
+Appends "key<TAB>fresh|replay" to OUT for every outcome, flushing each line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from labrl.lab_adapters.journal import Journal
+from labrl.lab_adapters.journaled import JournaledLab, JournaledLabConfig
+from labrl.lab_adapters.rest import RestLabAdapter, RestLabConfig
+
+
+async def main(url: str, journal_path: str, out: str, n: int) -> None:
+    adapter = RestLabAdapter(RestLabConfig(base_url=url, call_timeout_s=2.0, long_poll_s=1.0, backoff_base_s=0.02,
+                                           backoff_max_s=0.3, rate_limit_per_s=None))
+    journal = Journal(journal_path)
+    lab = JournaledLab(adapter, journal, JournaledLabConfig(feed_wait_s=0.5, fallback_poll_s=2.0))
+    with open(out, "a") as sink:
+        async def one(i: int) -> None:
+            outcome = await lab.run({"kind": "echo", "payload": {"i": i}}, f"job-{i}")
+            assert outcome.status.result == {"echo": {"i": i}, "digest": outcome.status.result["digest"]}
+            sink.write(f"{outcome.key}\t{'fresh' if outcome.fresh else 'replay'}\n")
+            sink.flush()
+
+        await asyncio.gather(*(one(i) for i in range(n)))
+    print(dict(lab.stats), flush=True)
+    await lab.aclose()
+    await adapter.aclose()
+    await journal.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])))

@@ -1,0 +1,173 @@
+"""The orchestrator with fake components: modes, staleness accounting, masking, determinism, resume."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+from pipeline_fakes import BigramLearner, BigramSampler, LetterEnv
+
+from labrl.harness.config import PipelineSection
+from labrl.harness.pipeline import Orchestrator, PipelineStalledError, latest_checkpoint
+from labrl.harness.tokenizer import ByteTokenizer
+from labrl.harness.types import NO_VERSION, SamplingParams
+
+
+def make(mode: str, *, run_dir=None, env=None, steps=6, sampler=None, learner=None, **overrides):
+    cfg = PipelineSection(
+        mode=mode, batch_groups=3, group_size=4, total_steps=steps, eval_every=0, progress=False,
+        **({"max_staleness": 2} | overrides),
+    )  # fmt: skip
+    records: list[dict] = []
+    orch = Orchestrator(
+        cfg,
+        make_env=env or (lambda: LetterEnv(latency_s=0.01)),
+        sampler=sampler or BigramSampler(decode_delay=0.001),
+        learner=learner or BigramLearner(train_delay=0.01),
+        tokenizer=ByteTokenizer(),
+        sampling=SamplingParams(max_new_tokens=4),
+        seed=overrides.pop("seed", 0) if "seed" in overrides else 0,
+        run_dir=run_dir,
+        on_step=records.append,
+    )
+    return orch, records
+
+
+def batch_staleness(learner: BigramLearner) -> list[list[int]]:
+    out = []
+    for batch, v in zip(learner.batches, learner.versions_at_train, strict=True):
+        versions = batch.versions_B_T[batch.loss_mask_B_T]
+        out.append(sorted({v - int(x) for x in versions}))
+    return out
+
+
+async def test_sync_trains_on_policy_only():
+    orch, records = make("sync")
+    await orch.run()
+    learner: BigramLearner = orch.learner  # type: ignore[assignment]
+    assert learner.version == 6
+    assert batch_staleness(learner) == [[0]] * 6
+    assert [r["staleness/max"] for r in records] == [0] * 6
+    assert orch.sampler.updates == [1, 2, 3, 4, 5, 6]  # type: ignore[attr-defined]
+    assert orch.sampler.mid_generation_updates == 0  # type: ignore[attr-defined]
+    assert all(r["samples/trained"] == 12 for r in records)
+
+
+async def test_one_step_off_is_at_most_one_version_stale_and_never_updates_mid_generation():
+    orch, records = make("one_step_off", steps=8)
+    await orch.run()
+    stale = batch_staleness(orch.learner)  # type: ignore[arg-type]
+    assert max(max(s) for s in stale) == 1
+    assert any(1 in s for s in stale)
+    assert orch.sampler.mid_generation_updates == 0  # type: ignore[attr-defined]
+
+
+async def test_pipeline_updates_weights_in_flight_and_respects_the_bound_at_constant_latency():
+    orch, records = make("pipeline", steps=10, max_staleness=2, dynamic_sampling=False)
+    await orch.run()
+    stale = batch_staleness(orch.learner)  # type: ignore[arg-type]
+    assert max(max(s) for s in stale) <= 2
+    assert max(max(s) for s in stale) >= 1  # it did run ahead of the learner
+    assert orch.sampler.mid_generation_updates > 0  # type: ignore[attr-defined]
+    assert all(r["staleness/over_max_episodes"] == 0 for r in records)
+    # per-token staleness histogram agrees with the batches the learner saw
+    for r, batch, v in zip(records, orch.learner.batches, orch.learner.versions_at_train, strict=True):  # type: ignore[attr-defined]
+        versions = batch.versions_B_T[batch.loss_mask_B_T]
+        hist = {int(k): n for k, n in zip(*torch.unique(v - versions, return_counts=True), strict=True)}
+        assert r["staleness/hist"] == hist
+
+
+async def test_slow_stragglers_are_trained_and_counted_not_dropped():
+    # lognormal latency with a heavy tail: some groups come back after the bound
+    orch, records = make("pipeline", steps=12, max_staleness=1, env=lambda: LetterEnv(latency_s=0.02, sigma=1.5))
+    await orch.run()
+    stale = batch_staleness(orch.learner)  # type: ignore[arg-type]
+    over = sum(r["staleness/over_max_episodes"] for r in records)
+    assert over == sum(
+        1
+        for batch, v in zip(orch.learner.batches, orch.learner.versions_at_train, strict=True)  # type: ignore[attr-defined]
+        for row in range(batch.batch_size)
+        if batch.loss_mask_B_T[row].any() and int((v - batch.versions_B_T[row][batch.loss_mask_B_T[row]]).max()) > 1
+    )
+    assert max(max(s) for s in stale) == max(r["staleness/max"] for r in records)
+
+
+async def test_untrainable_episodes_are_masked_and_counted():
+    orch, records = make("sync", env=lambda: LetterEnv(fail_every=3), steps=4)
+    await orch.run()
+    for batch in orch.learner.batches:  # type: ignore[attr-defined]
+        assert torch.isfinite(batch.rewards_B).all()
+    counters = orch.buffer.counters
+    assert counters["episodes_masked_timeout"] > 0
+    assert counters["episodes_masked"] == counters["episodes_masked_timeout"]
+    # every 3rd task fails for all its G members: those groups are untrainable
+    assert counters["groups_untrainable"] == sum(1 for i in range(orch.next_group_index) if i % 3 == 0)
+    assert records[-1]["episodes/masked_timeout_total"] == counters["episodes_masked_timeout"]
+
+
+async def test_dynamic_sampling_oversamples_to_keep_batches_full():
+    orch, records = make("pipeline", steps=6)
+    await orch.run()
+    assert all(b.batch_size == 12 for b in orch.learner.batches)  # type: ignore[attr-defined]
+    c = orch.buffer.counters
+    assert c["groups_zero_variance"] > 0  # the fake policy produces some all-equal groups
+    assert c["groups_added"] == c["groups_kept"] + c["groups_zero_variance"]
+
+
+async def test_stalled_dynamic_sampling_raises_a_clear_error():
+    class Constant(LetterEnv):
+        async def step(self, action):
+            from labrl.envs import StepResult
+
+            return StepResult(reward=0.0, done=True)
+
+    orch, _ = make("pipeline", env=Constant, max_oversample_factor=2.0)
+    with pytest.raises(PipelineStalledError, match=re.escape("dynamic sampling dropped 7 groups in a row")):
+        await orch.run()
+
+
+async def test_sync_mode_is_deterministic_under_a_seed():
+    async def trained_tokens(seed: int) -> list[torch.Tensor]:
+        orch, _ = make("sync", steps=3, seed=seed)
+        await orch.run()
+        return [b.tokens_B_T for b in orch.learner.batches]  # type: ignore[attr-defined]
+
+    a, b, c = await trained_tokens(0), await trained_tokens(0), await trained_tokens(1)
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not all(x.shape == y.shape and torch.equal(x, y) for x, y in zip(a, c, strict=True))
+
+
+async def test_resume_continues_without_training_any_group_twice(tmp_path):
+    run = tmp_path / "run"
+    orch, _ = make("pipeline", run_dir=run, steps=8, env=lambda: LetterEnv(latency_s=0.02, sigma=1.0))
+    orch.on_step = lambda r: orch.request_stop() if r["step"] == 3 else None
+    summary = await orch.run()
+    assert summary["step"] == 3
+    ckpt = latest_checkpoint(run)
+    assert ckpt is not None and ckpt.name == "step_000003"
+    state = torch.load(ckpt / "pipeline.pt", weights_only=False)
+    inflight_at_stop = [i for i, _ in state["inflight"]]
+    buffered_at_stop = [g.index for g in state["buffer"]["groups"]]
+    assert inflight_at_stop  # the stop interrupted running groups
+
+    orch2, records = make("pipeline", run_dir=run, steps=8, env=lambda: LetterEnv(latency_s=0.02, sigma=1.0))
+    await orch2.resume(ckpt)
+    assert orch2.learner.version == 3 and orch2.sampler.version == 3
+    await orch2.run()
+    assert orch2.step == 8 and orch2.learner.version == 8
+    assert [r["step"] for r in records] == [4, 5, 6, 7, 8]
+    lines = [json.loads(x) for x in (run / "trained.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == list(range(1, 9))
+    trained = [g for x in lines for g in x["groups"]]
+    assert len(trained) == len(set(trained)) == 8 * 3
+    # buffered groups from before the stop are trained first, then restarted in-flight ones come back
+    later = [g for x in lines[3:] for g in x["groups"]]
+    assert later[: len(buffered_at_stop)] == buffered_at_stop
+    assert set(inflight_at_stop) & set(later)
+    # the restarted groups regenerated with the resumed weights: no token older than version 3
+    for batch in orch2.learner.batches:  # type: ignore[attr-defined]
+        versions = batch.versions_B_T[batch.loss_mask_B_T]
+        assert int(versions.min()) >= 3
+        assert int((batch.versions_B_T[~batch.loss_mask_B_T] != NO_VERSION).sum()) == 0

@@ -1,0 +1,169 @@
+"""Config, buffer, admission and overlong handling: pure units with hand-computed numbers."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from pipeline_fakes import BigramSampler
+
+from labrl.errors import ConfigError
+from labrl.harness.config import OverlongSection, apply_overrides, build_run_config, load_run_config
+from labrl.harness.pipeline import (
+    AdmissionState,
+    BudgetForcingSampler,
+    Group,
+    GroupBuffer,
+    length_penalty,
+    may_start,
+    predicted_train_version,
+    process_overlong,
+)
+from labrl.harness.types import NO_VERSION, GenerateRequest, SamplingParams, Trajectory
+
+
+def traj(reward: float | None, *, outcome: str = "ok", finish: str = "stop", gen: int = 2, version: int = 0) -> Trajectory:
+    return Trajectory(
+        env_id="test/x-v0", task_id="t", group_id="g",
+        tokens_T=[1] * (2 + gen), loss_mask_T=[0, 0] + [1] * gen, logprobs_T=[0.0, 0.0] + [-1.0] * gen,
+        versions_T=[NO_VERSION, NO_VERSION] + [version] * gen, reward=reward, outcome=outcome,
+        finish_reason=finish, num_turns=1,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+# -- config -------------------------------------------------------------------------
+
+
+def test_typo_in_override_names_the_key_and_the_closest_one():
+    with pytest.raises(ConfigError, match=re.escape("pipeline.max_stalness: unknown key; did you mean pipeline.max_staleness?")):
+        build_run_config(apply_overrides({"env": {"id": "test/letter-v0"}}, ["pipeline.max_stalness=3"]))
+
+
+def test_typo_in_yaml_file_is_an_error(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("env:\n  id: test/letter-v0\nlearner:\n  lr: 0.1\n  micro_batch: 4\n")
+    with pytest.raises(ConfigError, match=re.escape("learner.micro_batch: unknown key; did you mean learner.micro_batch_size?")):
+        load_run_config(path)
+
+
+def test_overrides_are_parsed_as_yaml_scalars_and_lists(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("env:\n  id: test/letter-v0\npipeline:\n  mode: sync\n")
+    cfg = load_run_config(path, ["learner.lr=3e-4", "pipeline.mode=pipeline", "objective.corrections=[m2po]", "seed=7"])
+    assert cfg.learner.lr == 3e-4
+    assert cfg.pipeline.mode == "pipeline"
+    assert [c.kind for c in cfg.objective.corrections] == ["m2po"]
+    assert cfg.seed == 7
+
+
+def test_bad_values_name_the_field():
+    with pytest.raises(ConfigError, match=re.escape("pipeline.group_size: Input should be greater than or equal to 2")):
+        build_run_config({"env": {"id": "a/b-v0"}, "pipeline": {"group_size": 1}})
+    with pytest.raises(ConfigError, match=re.escape("sampler.kind=sglang needs sampler.urls")):
+        build_run_config({"env": {"id": "a/b-v0"}, "sampler": {"kind": "sglang"}})
+    with pytest.raises(ConfigError, match=re.escape("override 'seed' must look like key.sub=value")):
+        apply_overrides({}, ["seed"])
+
+
+# -- buffer -------------------------------------------------------------------------
+
+
+def test_buffer_drops_zero_variance_masks_untrainable_and_counts():
+    buf = GroupBuffer(batch_groups=2)
+    assert buf.add(Group(0, 0, [traj(1.0), traj(0.0), traj(None, outcome="timeout")], 0)) == "kept"
+    assert buf.add(Group(1, 1, [traj(1.0), traj(1.0)], 0)) == "zero_variance"
+    assert buf.add(Group(2, 2, [traj(None, outcome="env_error"), traj(None, outcome="timeout")], 0)) == "untrainable"
+    assert buf.add(Group(3, 3, [traj(0.0), traj(None, outcome="verifier_failed")], 0)) == "zero_variance"
+    assert not buf.ready
+    assert buf.add(Group(4, 4, [traj(0.5), traj(0.0)], 0)) == "kept"
+    assert buf.ready
+    assert buf.counters["episodes"] == 11
+    assert buf.counters["episodes_masked"] == 4
+    assert buf.counters["episodes_masked_timeout"] == 2
+    assert buf.keep_rate == pytest.approx(2 / 5)
+    batch = buf.pop_batch()
+    assert [g.index for g in batch] == [0, 4]
+    assert [t.reward for t in batch[0].trajectories] == [1.0, 0.0]  # the timed-out member is gone
+
+
+def test_buffer_without_dynamic_sampling_keeps_zero_variance_groups():
+    buf = GroupBuffer(batch_groups=1, dynamic_sampling=False)
+    assert buf.add(Group(0, 0, [traj(1.0), traj(1.0)], 0)) == "kept"
+
+
+def test_buffer_state_round_trip():
+    buf = GroupBuffer(batch_groups=3)
+    buf.add(Group(0, 10, [traj(1.0), traj(0.0)], 0))
+    other = GroupBuffer(batch_groups=3)
+    other.load_state_dict(buf.state_dict())
+    assert [g.task_seed for g in other.peek()] == [10]
+    assert other.counters == buf.counters
+
+
+# -- admission ------------------------------------------------------------------------
+
+
+def test_predicted_train_version_by_hand():
+    s = AdmissionState(learner_version=5, learner_busy=True, sampler_version=5, buffered_groups=3, inflight_groups=6)
+    # ahead = 3 + 0.5 * 6 = 6 groups; batch 4 -> one full batch ahead; busy -> +1
+    assert predicted_train_version(s, batch_groups=4, keep_rate=0.5) == 5 + 1 + 1
+    assert may_start(s, 4, 0.5, max_staleness=2)
+    assert not may_start(s, 4, 0.5, max_staleness=1)
+    # keep rate 1: ahead = 9 -> two batches ahead
+    assert predicted_train_version(s, batch_groups=4, keep_rate=1.0) == 8
+
+
+def test_sync_admission_admits_exactly_one_batch():
+    def state(inflight: int, busy: bool = False, learner: int = 0, sampler: int = 0) -> AdmissionState:
+        return AdmissionState(learner, busy, sampler, 0, inflight)
+
+    assert [may_start(state(k), 4, 1.0, 0) for k in range(6)] == [True] * 4 + [False] * 2
+    assert not may_start(state(0, busy=True), 4, 1.0, 0)
+    assert not may_start(state(0, learner=1, sampler=0), 4, 1.0, 0)  # weights not yet synced
+
+
+# -- overlong -------------------------------------------------------------------------
+
+
+def test_length_penalty_by_hand():
+    # L_max 32, cache 8: no penalty up to 24 tokens, then -1/8 per token, capped
+    assert length_penalty(24, 32, 8, 1.0) == 0.0
+    assert length_penalty(28, 32, 8, 1.0) == pytest.approx(-0.5)
+    assert length_penalty(40, 32, 8, 0.75) == pytest.approx(-0.75)
+    assert length_penalty(100, 32, 0, 1.0) == 0.0
+
+
+def test_overlong_filter_masks_the_loss_but_keeps_the_reward():
+    cfg = OverlongSection(mode="filter")
+    t, flags = process_overlong(traj(1.0, finish="length", gen=4), cfg, max_new_tokens=4)
+    assert flags == {"forced": 0, "overlong": 1, "filtered": 1, "penalised": 0}
+    assert t.reward == 1.0 and sum(t.loss_mask_T) == 0
+    t2, flags2 = process_overlong(traj(1.0, finish="length", gen=4), OverlongSection(mode="score"), 4)
+    assert sum(t2.loss_mask_T) == 4 and flags2["filtered"] == 0
+
+
+def test_overlong_penalty_applies_to_trainable_rewards_only():
+    cfg = OverlongSection(penalty_tokens=2, penalty=1.0)
+    t, flags = process_overlong(traj(1.0, gen=4), cfg, max_new_tokens=4)
+    assert t.reward == pytest.approx(0.0) and flags["penalised"] == 1  # ((4-2)-4)/2 = -1
+    t, _ = process_overlong(traj(None, outcome="timeout", gen=4), cfg, max_new_tokens=4)
+    assert t.reward is None
+
+
+async def test_budget_forcing_appends_the_cue_and_an_answer_untrained():
+    inner = BigramSampler()
+    forcing = BudgetForcingSampler(inner, cue_ids=[10, 65], answer_tokens=3)
+    req = GenerateRequest(rid="r", input_ids=(1, 2), sampling=SamplingParams(max_new_tokens=5, seed=1))
+    (res,) = await forcing.generate([req])
+    assert res.info["forced"] is True and forcing.forced == 1
+    assert res.output_ids[5:7] == [10, 65]
+    assert res.versions_T[5:7] == [NO_VERSION, NO_VERSION]
+    assert len(res.output_ids) == 5 + 2 + 3
+    t = Trajectory(
+        env_id="e", task_id="t", group_id="g", tokens_T=[1, 2, *res.output_ids], loss_mask_T=[0, 0] + [1] * 10,
+        logprobs_T=[0.0, 0.0, *res.logprobs_T], versions_T=[NO_VERSION, NO_VERSION, *res.versions_T],
+        reward=1.0, outcome="ok", finish_reason=res.finish_reason, num_turns=1,
+    )  # fmt: skip
+    t2, flags = process_overlong(t, OverlongSection(mode="force"), 5)
+    assert flags["forced"] == 1
+    assert t2.loss_mask_T == [0, 0] + [1] * 5 + [0, 0] + [1] * 3
