@@ -276,7 +276,8 @@ class Orchestrator:
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
-            self._failure = exc
+            if self._failure is None:  # the first failure is the cause; later ones are echoes
+                self._failure = exc
         finally:
             self._inflight.pop(index, None)
             self._inflight_episodes -= self.cfg.group_size

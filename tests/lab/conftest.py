@@ -18,8 +18,8 @@ def api_key(monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def start_mock(state_dir: Path, faults: FaultConfig | None = None, **overrides) -> MockLabProcess:
-    config = MockLabConfig(state_dir=state_dir, port=0, latency_median_s=0.05, latency_sigma=0.5,
-                           faults=faults or FaultConfig(), **overrides)
+    settings = {"latency_median_s": 0.05, "latency_sigma": 0.5, **overrides}
+    config = MockLabConfig(state_dir=state_dir, port=0, faults=faults or FaultConfig(), **settings)
     return MockLabProcess(config, token=TOKEN).start()
 
 

@@ -6,6 +6,7 @@ import asyncio
 import collections
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -178,5 +179,3 @@ async def test_journal_records_before_request_goes_out(tmp_path, api_key):
     await adapter.aclose()
     await journal.close()
 
-
-import re  # noqa: E402

@@ -172,8 +172,14 @@ def test_public_surface() -> None:
     import labrl.verifiers.rubric as rubric
 
     assert sorted(rubric.__all__) == sorted(
-        ["ContainsItem", "Disagreement", "ItemResult", "JudgeCache", "JudgeClient", "JudgeConfig", "LLMItem"]
-        + [
+        [
+            "ContainsItem",
+            "Disagreement",
+            "ItemResult",
+            "JudgeCache",
+            "JudgeClient",
+            "JudgeConfig",
+            "LLMItem",
             "NumericItem",
             "RegexItem",
             "Rubric",
@@ -181,8 +187,9 @@ def test_public_surface() -> None:
             "RubricItem",
             "RubricResult",
             "default_cache",
+            "rubric_score",
+            "score_deterministic",
         ]
-        + ["rubric_score", "score_deterministic"]
     )
     assert all(hasattr(rubric, name) for name in rubric.__all__)
     assert sorted(judged.__all__) == [
