@@ -15,7 +15,7 @@ from labrl.harness.tokenizer import ByteTokenizer
 from labrl.harness.types import NO_VERSION, SamplingParams
 
 
-def make(mode: str, *, run_dir=None, env=None, steps=6, sampler=None, learner=None, **overrides):
+def make(mode: str, *, run_dir=None, env=None, steps=6, sampler=None, learner=None, seed=0, **overrides):
     cfg = PipelineSection(
         mode=mode, batch_groups=3, group_size=4, total_steps=steps, eval_every=0, progress=False,
         **({"max_staleness": 2} | overrides),
@@ -28,7 +28,7 @@ def make(mode: str, *, run_dir=None, env=None, steps=6, sampler=None, learner=No
         learner=learner or BigramLearner(train_delay=0.01),
         tokenizer=ByteTokenizer(),
         sampling=SamplingParams(max_new_tokens=4),
-        seed=overrides.pop("seed", 0) if "seed" in overrides else 0,
+        seed=seed,
         run_dir=run_dir,
         on_step=records.append,
     )
