@@ -67,19 +67,29 @@ def main() -> None:
         model.eval()
         for _ in range(16):
             T = ids.shape[1]
-            logits = model(input_ids=ids, position_ids=torch.arange(T).expand(64, T), attention_mask=causal_attention_mask(T))
+            logits = model(
+                input_ids=ids,
+                position_ids=torch.arange(T).expand(64, T),
+                attention_mask=causal_attention_mask(T),
+            )
             ids = torch.cat([ids, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
         model.train()
     out["no_cache_fp32_batch_s"] = time.perf_counter() - t0
     out["kv_cache_speedup_x"] = out["no_cache_fp32_batch_s"] / out["sampler_fp32_batch_s"]
     trajs = [
         Trajectory(
-            env_id="bench/random-v0", task_id=str(i), group_id=str(i // 8),
+            env_id="bench/random-v0",
+            task_id=str(i),
+            group_id=str(i // 8),
             tokens_T=[*torch.randint(0, 256, (234,), generator=gen).tolist(), *res.output_ids],
-            loss_mask_T=[0] * 234 + [1] * 16, logprobs_T=[0.0] * 234 + res.logprobs_T,
-            versions_T=[-1] * 234 + res.versions_T, reward=float(i % 2), outcome="ok",
-            finish_reason="length", num_turns=1,
-        )  # fmt: skip
+            loss_mask_T=[0] * 234 + [1] * 16,
+            logprobs_T=[0.0] * 234 + res.logprobs_T,
+            versions_T=[-1] * 234 + res.versions_T,
+            reward=float(i % 2),
+            outcome="ok",
+            finish_reason="length",
+            num_turns=1,
+        )
         for i, res in enumerate(results)
     ]
     batch = collate(trajs, pad_token_id=256)

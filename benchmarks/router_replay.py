@@ -50,14 +50,19 @@ def make_batch(sampler: LocalSampler, batch_size: int, prompt_len: int, new_toke
     results = asyncio.run(sampler.generate(reqs))
     trajs = [
         Trajectory(
-            env_id="bench/random-v0", task_id=r.rid, group_id=str(i // 4),
+            env_id="bench/random-v0",
+            task_id=r.rid,
+            group_id=str(i // 4),
             tokens_T=[*r.input_ids, *o.output_ids],
             loss_mask_T=[0] * len(r.input_ids) + [1] * len(o.output_ids),
             logprobs_T=[0.0] * len(r.input_ids) + o.logprobs_T,
             versions_T=[-1] * len(r.input_ids) + o.versions_T,
-            reward=float(torch.rand((), generator=gen) < 0.5), outcome="ok",
-            finish_reason=o.finish_reason, num_turns=1, routed_experts_T_L_K=o.routed_experts_T_L_K,
-        )  # fmt: skip
+            reward=float(torch.rand((), generator=gen) < 0.5),
+            outcome="ok",
+            finish_reason=o.finish_reason,
+            num_turns=1,
+            routed_experts_T_L_K=o.routed_experts_T_L_K,
+        )
         for i, (r, o) in enumerate(zip(reqs, results, strict=True))
     ]
     return collate(trajs, pad_token_id=256)
@@ -78,7 +83,9 @@ def main() -> None:
     sampler = LocalSampler(get_preset("tiny-moe"), LocalSamplerConfig(precision="bf16"))
     for step in range(args.train_steps):
         asyncio.run(sampler.update_weights(learner.export_weights(), learner.version))
-        learner.train_step(make_batch(sampler, args.batch_size, args.prompt_len, args.new_tokens, 10_000 + step))
+        learner.train_step(
+            make_batch(sampler, args.batch_size, args.prompt_len, args.new_tokens, 10_000 + step)
+        )
     asyncio.run(sampler.update_weights(learner.export_weights(), learner.version))
 
     log_r = {"no_replay": [], "replay": []}
@@ -88,7 +95,9 @@ def main() -> None:
         mask = batch.loss_mask_B_T
         behaviour = batch.behaviour_logprobs_B_T
         log_r["no_replay"].append((learner.logprobs(batch.tokens_B_T) - behaviour)[mask])
-        log_r["replay"].append((learner.logprobs(batch.tokens_B_T, batch.routed_experts_B_T_L_K) - behaviour)[mask])
+        log_r["replay"].append(
+            (learner.logprobs(batch.tokens_B_T, batch.routed_experts_B_T_L_K) - behaviour)[mask]
+        )
         # routing over real tokens except each row's last (its row is padding, as in SGLang)
         real = batch.attention_mask_B_T.clone()
         real[torch.arange(batch.batch_size), batch.attention_mask_B_T.sum(1) - 1] = False

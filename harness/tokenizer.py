@@ -110,14 +110,21 @@ class ByteTokenizer:
                 if not skip_special_tokens:
                     out.extend(SPECIAL_TOKENS[i - 256].encode())
             else:
-                raise ConfigError(f"token id {i} is outside the byte tokenizer's vocabulary of {self.vocab_size}")
+                raise ConfigError(
+                    f"token id {i} is outside the byte tokenizer's vocabulary of {self.vocab_size}"
+                )
         return out.decode("utf-8", errors="replace")
 
     def _message(self, message: Message, tools: Sequence[ToolSpec]) -> list[int]:
         content = message.content
         if message.role == "system" and tools:
             content += tools_system_text(tools)
-        return [self.im_start_id, *self.encode(f"{message.role}\n{content}"), self.im_end_id, *self.encode("\n")]
+        return [
+            self.im_start_id,
+            *self.encode(f"{message.role}\n{content}"),
+            self.im_end_id,
+            *self.encode("\n"),
+        ]
 
     def _generation_prompt(self) -> list[int]:
         return [self.im_start_id, *self.encode("assistant\n")]
@@ -188,7 +195,9 @@ class HFTokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def _render(self, messages: Sequence[Message], tools: Sequence[ToolSpec], generation_prompt: bool) -> list[int]:
+    def _render(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec], generation_prompt: bool
+    ) -> list[int]:
         out = self._tok.apply_chat_template(
             [m.model_dump(exclude_none=True) for m in messages],
             tools=[{"type": "function", "function": t.model_dump()} for t in tools] or None,

@@ -1,1 +1,45 @@
-"""labrl.lab_adapters"""
+"""labrl.lab_adapters: clients for labs, instruments and simulators, plus a mock lab.
+
+- ``LabAdapter`` protocol (``protocol``): submit / find / status / wait / result / cancel.
+- ``RestLabAdapter`` (``rest``): the protocol over a lab's REST API, with retries,
+  timeouts, rate limit, concurrency cap and circuit breaker.
+- ``Journal`` + ``JournaledLab`` (``journal``, ``journaled``): no experiment lost
+  or paid for twice across crashes and restarts.
+- ``SimulatorAdapter`` (``simulator``): ASE calculators off the event loop,
+  cached by canonical structure hash.
+- the mock lab (``mock_server``, ``mock_process``; ``labrl lab serve-mock``).
+"""
+
+from labrl.lab_adapters.journal import Journal, JournalEntry
+from labrl.lab_adapters.journaled import JobOutcome, JournaledLab, JournaledLabConfig
+from labrl.lab_adapters.protocol import (
+    CompletionEvent,
+    EventPage,
+    JobRef,
+    JobState,
+    JobStatus,
+    LabAdapter,
+    SupportsEvents,
+    request_hash,
+)
+from labrl.lab_adapters.rest import RestLabAdapter, RestLabConfig
+from labrl.lab_adapters.simulator import SimulatorAdapter
+
+__all__ = [
+    "CompletionEvent",
+    "EventPage",
+    "JobOutcome",
+    "JobRef",
+    "JobState",
+    "JobStatus",
+    "Journal",
+    "JournalEntry",
+    "JournaledLab",
+    "JournaledLabConfig",
+    "LabAdapter",
+    "RestLabAdapter",
+    "RestLabConfig",
+    "SimulatorAdapter",
+    "SupportsEvents",
+    "request_hash",
+]

@@ -64,22 +64,42 @@ class Backend(BaseModel):
 
 
 _EMT_ELEMENTS = frozenset({"Al", "Cu", "Ag", "Au", "Ni", "Pd", "Pt", "H", "C", "N", "O"})
-_CHGNET_ELEMENTS = frozenset(
-    __import__("ase.data", fromlist=["chemical_symbols"]).chemical_symbols[1:95]
+_CHGNET_ELEMENTS = frozenset(__import__("ase.data", fromlist=["chemical_symbols"]).chemical_symbols[1:95])
+_PYSCF_ELEMENTS = frozenset(
+    {"H", "Li", "Be", "B", "C", "N", "O", "F", "Na", "Mg", "Al", "Si", "P", "S", "Cl"}
 )
-_PYSCF_ELEMENTS = frozenset({"H", "Li", "Be", "B", "C", "N", "O", "F", "Na", "Mg", "Al", "Si", "P", "S", "Cl"})
 
 BACKENDS: dict[str, Backend] = {
-    "emt": Backend(name="emt", elements=_EMT_ELEMENTS, tasks=frozenset({"energy", "relax", "lattice"}),
-                   max_atoms=64, killable=False, module="ase.calculators.emt"),
-    "chgnet": Backend(name="chgnet", elements=_CHGNET_ELEMENTS, tasks=frozenset({"energy", "relax", "lattice"}),
-                      max_atoms=64, killable=False, module="chgnet"),
-    "pyscf": Backend(name="pyscf", elements=_PYSCF_ELEMENTS, tasks=frozenset({"energy", "lattice"}),
-                     max_atoms=4, killable=True, module="pyscf"),
+    "emt": Backend(
+        name="emt",
+        elements=_EMT_ELEMENTS,
+        tasks=frozenset({"energy", "relax", "lattice"}),
+        max_atoms=64,
+        killable=False,
+        module="ase.calculators.emt",
+    ),
+    "chgnet": Backend(
+        name="chgnet",
+        elements=_CHGNET_ELEMENTS,
+        tasks=frozenset({"energy", "relax", "lattice"}),
+        max_atoms=64,
+        killable=False,
+        module="chgnet",
+    ),
+    "pyscf": Backend(
+        name="pyscf",
+        elements=_PYSCF_ELEMENTS,
+        tasks=frozenset({"energy", "lattice"}),
+        max_atoms=4,
+        killable=True,
+        module="pyscf",
+    ),
 }
 
 
-def check_backend(name: str, elements: set[str] | frozenset[str], tasks: set[str] | frozenset[str]) -> Backend:
+def check_backend(
+    name: str, elements: set[str] | frozenset[str], tasks: set[str] | frozenset[str]
+) -> Backend:
     """The backend ``name`` if it exists, is installed, knows ``elements`` and can do ``tasks``; else ``ConfigError``."""
     if name not in BACKENDS:
         raise ConfigError(f"unknown calculator backend {name!r}; choose from {', '.join(BACKENDS)}")
@@ -92,7 +112,9 @@ def check_backend(name: str, elements: set[str] | frozenset[str], tasks: set[str
         )
     missing_tasks = sorted(set(tasks) - backend.tasks)
     if missing_tasks:
-        raise ConfigError(f"calculator backend {name!r} cannot do {', '.join(missing_tasks)} (it does {', '.join(sorted(backend.tasks))})")
+        raise ConfigError(
+            f"calculator backend {name!r} cannot do {', '.join(missing_tasks)} (it does {', '.join(sorted(backend.tasks))})"
+        )
     if not backend.available():
         extra = {"chgnet": "chgnet", "pyscf": "dft"}.get(name, name)
         raise ConfigError(f"calculator backend {name!r} is not installed: pip install 'labrl[{extra}]'")
@@ -119,7 +141,9 @@ def _pyscf_energy(atoms: Atoms) -> float:
     from pyscf.pbc import dft, gto
 
     cell = gto.Cell()
-    cell.atom = [(s, tuple(p)) for s, p in zip(atoms.get_chemical_symbols(), atoms.get_positions(), strict=True)]
+    cell.atom = [
+        (s, tuple(p)) for s, p in zip(atoms.get_chemical_symbols(), atoms.get_positions(), strict=True)
+    ]
     cell.a = np.asarray(atoms.cell)
     cell.unit = "A"
     cell.basis = "gth-szv"
@@ -180,8 +204,9 @@ def relax_lattice(backend: str, atoms: Atoms, a0: float) -> tuple[float, float]:
 
     lo, hi = 0.8 * a0, 1.25 * a0
     for _ in range(4):
-        found = minimize_scalar(lambda a: energy(round(float(a), 7)), bounds=(lo, hi), method="bounded",
-                                options={"xatol": 1e-5})
+        found = minimize_scalar(
+            lambda a: energy(round(float(a), 7)), bounds=(lo, hi), method="bounded", options={"xatol": 1e-5}
+        )
         a_star = float(found.x)
         width = hi - lo
         if a_star - lo < 0.01 * width:
@@ -205,10 +230,17 @@ def execute_calculation(request: dict[str, Any]) -> dict[str, Any]:
         energy = _energy(backend, atoms)
         return {"energy_ev": energy, "energy_per_atom_ev": energy / n, "natoms": n}
     if task == "relax":
-        relaxed, energy, converged, steps = _relax(backend, atoms, float(request.get("fmax", 0.01)),
-                                                   int(request.get("max_steps", 300)))
-        return {"energy_ev": energy, "energy_per_atom_ev": energy / n, "natoms": n, "converged": converged,
-                "steps": steps, "structure": structure_to_dict(relaxed)}
+        relaxed, energy, converged, steps = _relax(
+            backend, atoms, float(request.get("fmax", 0.01)), int(request.get("max_steps", 300))
+        )
+        return {
+            "energy_ev": energy,
+            "energy_per_atom_ev": energy / n,
+            "natoms": n,
+            "converged": converged,
+            "steps": steps,
+            "structure": structure_to_dict(relaxed),
+        }
     if task == "lattice":
         a_star, energy = relax_lattice(backend, atoms, float(request["a"]))
         return {"a": a_star, "energy_ev": energy, "energy_per_atom_ev": energy / n, "natoms": n}
@@ -221,7 +253,9 @@ def validate_calculation(request: dict[str, Any]) -> None:
     task = request.get("task")
     if task not in ("energy", "relax", "lattice"):
         raise ConfigError(f"calculation task must be energy, relax or lattice, got {task!r}")
-    atoms = parse_structure(request.get("structure"), max_atoms=BACKENDS.get(str(backend), BACKENDS["emt"]).max_atoms)
+    atoms = parse_structure(
+        request.get("structure"), max_atoms=BACKENDS.get(str(backend), BACKENDS["emt"]).max_atoms
+    )
     check_backend(str(backend), set(atoms.get_chemical_symbols()), {task})
     if task == "lattice":
         a = request.get("a")

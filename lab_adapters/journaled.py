@@ -45,11 +45,15 @@ ResultCallback = Callable[[str, JobStatus], None]
 class JournaledLabConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    wait_timeout_s: float = Field(default=24 * 3600.0, gt=0, description="give up waiting for one job after this")
+    wait_timeout_s: float = Field(
+        default=24 * 3600.0, gt=0, description="give up waiting for one job after this"
+    )
     submit_deadline_s: float = Field(default=600.0, gt=0, description="keep retrying a submit this long")
     use_feed: bool = True
     feed_wait_s: float = Field(default=10.0, ge=0)
-    fallback_poll_s: float = Field(default=30.0, gt=0, description="poll a job's status if the feed is silent this long")
+    fallback_poll_s: float = Field(
+        default=30.0, gt=0, description="poll a job's status if the feed is silent this long"
+    )
     backoff_base_s: float = Field(default=0.1, ge=0)
     backoff_max_s: float = Field(default=5.0, ge=0)
 
@@ -105,7 +109,9 @@ class JournaledLab:
         """Re-attach to every journaled job not yet delivered; returns their outcomes."""
         entries = await self.journal.open_entries()
         self.stats["resume_entries"] += len(entries)
-        results = await asyncio.gather(*(self._drive(e, created=False) for e in entries), return_exceptions=True)
+        results = await asyncio.gather(
+            *(self._drive(e, created=False) for e in entries), return_exceptions=True
+        )
         outcomes = []
         for entry, result in zip(entries, results, strict=True):
             if isinstance(result, BaseException):
@@ -141,7 +147,9 @@ class JournaledLab:
                     self.stats["reattached"] += 1
             if status is None:
                 try:
-                    status = await self._retrying(lambda: self._submit(entry.request, key), self.config.submit_deadline_s)
+                    status = await self._retrying(
+                        lambda: self._submit(entry.request, key), self.config.submit_deadline_s
+                    )
                 except LabRejectedError as exc:
                     await self.journal.reject(key, str(exc))
                     raise
@@ -172,7 +180,9 @@ class JournaledLab:
                 self.stats["driver_retries"] += 1
                 if time.monotonic() >= deadline:
                     raise
-                delay = backoff_delay(attempt, self.config.backoff_base_s, self.config.backoff_max_s, self._rng)
+                delay = backoff_delay(
+                    attempt, self.config.backoff_base_s, self.config.backoff_max_s, self._rng
+                )
                 await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
                 attempt += 1
 
@@ -180,7 +190,9 @@ class JournaledLab:
         cfg = self.config
         deadline = time.monotonic() + cfg.wait_timeout_s
         if not self._feed:
-            return await self._retrying(lambda: self.adapter.wait(job, cfg.wait_timeout_s), cfg.wait_timeout_s)
+            return await self._retrying(
+                lambda: self.adapter.wait(job, cfg.wait_timeout_s), cfg.wait_timeout_s
+            )
         self._ensure_feed()
         waiter = self._waiters.get(job.job_id)
         if waiter is None:
@@ -193,7 +205,9 @@ class JournaledLab:
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise LabTimeoutError(f"job {job.job_id} ({job.idempotency_key}) not finished within {cfg.wait_timeout_s:g} s")
+                    raise LabTimeoutError(
+                        f"job {job.job_id} ({job.idempotency_key}) not finished within {cfg.wait_timeout_s:g} s"
+                    )
                 try:
                     return await asyncio.wait_for(asyncio.shield(waiter), min(cfg.fallback_poll_s, remaining))
                 except TimeoutError:
@@ -223,7 +237,9 @@ class JournaledLab:
             except LabError as exc:
                 self.stats["feed_errors"] += 1
                 log.debug("completion feed failed (%s); retrying", type(exc).__name__)
-                await asyncio.sleep(backoff_delay(attempt, self.config.backoff_base_s, self.config.backoff_max_s, self._rng))
+                await asyncio.sleep(
+                    backoff_delay(attempt, self.config.backoff_base_s, self.config.backoff_max_s, self._rng)
+                )
                 attempt += 1
                 continue
             attempt = 0

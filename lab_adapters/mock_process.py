@@ -59,13 +59,17 @@ class MockLabProcess:
         log = self._log_path.open("ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "labrl.cli", "lab", "serve-mock", "--config", str(self._config_path)],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         log.close()
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise LabTransportError(f"mock lab exited with code {self.process.returncode}: {self.log_tail()}")
+                raise LabTransportError(
+                    f"mock lab exited with code {self.process.returncode}: {self.log_tail()}"
+                )
             try:
                 if httpx.get(self.url + "/healthz", timeout=1.0).status_code == 200:
                     return self
@@ -73,7 +77,9 @@ class MockLabProcess:
                 pass
             time.sleep(0.05)
         self.stop()
-        raise LabTransportError(f"mock lab did not come up within {self.startup_timeout_s:g} s: {self.log_tail()}")
+        raise LabTransportError(
+            f"mock lab did not come up within {self.startup_timeout_s:g} s: {self.log_tail()}"
+        )
 
     def stop(self, *, kill: bool = False) -> None:
         if self.process is None:
@@ -92,7 +98,9 @@ class MockLabProcess:
         self.start()
 
     def stats(self) -> dict[str, Any]:
-        response = httpx.get(self.url + "/stats", headers={"Authorization": f"Bearer {self.token}"}, timeout=10)
+        response = httpx.get(
+            self.url + "/stats", headers={"Authorization": f"Bearer {self.token}"}, timeout=10
+        )
         response.raise_for_status()
         return response.json()
 

@@ -131,8 +131,16 @@ class FaultInjector:
             if self.rng.random() < f.error_after_commit:
                 await self.app(scope, receive, _discard)
             body = json.dumps({"detail": "injected fault: service unavailable"}).encode()
-            await send({"type": "http.response.start", "status": 503,
-                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 503,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
             await send({"type": "http.response.body", "body": body})
             return
         if draw < f.error_rate + f.hang_rate:
@@ -239,7 +247,9 @@ class MockLab:
             if self._instruments is not None:
                 self._instruments.release()
 
-    def _finish(self, job: MockJob, state: JobState, result: dict[str, Any] | None = None, error: str | None = None) -> None:
+    def _finish(
+        self, job: MockJob, state: JobState, result: dict[str, Any] | None = None, error: str | None = None
+    ) -> None:
         if job.state.terminal:
             return
         job.state, job.result, job.error = state, result, error
@@ -279,8 +289,15 @@ class MockLab:
         except LabrlError as exc:
             raise HTTPException(422, f"request refused: {exc}") from None
         now = time.time()
-        job = MockJob(job_id=f"job-{uuid.uuid4().hex[:16]}", key=key, request_hash=rhash, request=request,
-                      state=JobState.QUEUED, created_at=now, updated_at=now)
+        job = MockJob(
+            job_id=f"job-{uuid.uuid4().hex[:16]}",
+            key=key,
+            request_hash=rhash,
+            request=request,
+            state=JobState.QUEUED,
+            created_at=now,
+            updated_at=now,
+        )
         job.done = asyncio.Event()
         self.store.insert(job)
         self.store.bump("created")
@@ -347,7 +364,9 @@ def create_app(config: MockLabConfig) -> Any:
     """The ASGI app: FastAPI routes wrapped in the fault injector."""
     token = os.environ.get(config.token_env)
     if not token:
-        raise ConfigError(f"the mock lab needs a bearer token: set the environment variable {config.token_env}")
+        raise ConfigError(
+            f"the mock lab needs a bearer token: set the environment variable {config.token_env}"
+        )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -355,15 +374,24 @@ def create_app(config: MockLabConfig) -> Any:
         app.state.lab = lab
         injector.counters = lab.fault_counters
         lab.start()
-        log.info("mock lab up on %s:%d with %d stored jobs; faults: %s", config.host, config.port,
-                 len(lab.store.jobs), config.faults_summary() or "none")
+        log.info(
+            "mock lab up on %s:%d with %d stored jobs; faults: %s",
+            config.host,
+            config.port,
+            len(lab.store.jobs),
+            config.faults_summary() or "none",
+        )
         try:
             yield
         finally:
             await lab.stop()
 
-    app = FastAPI(title="labrl mock lab", version="1", lifespan=lifespan,
-                  description="A simulated autonomous lab: submit jobs, long-poll their status, read the completion feed.")
+    app = FastAPI(
+        title="labrl mock lab",
+        version="1",
+        lifespan=lifespan,
+        description="A simulated autonomous lab: submit jobs, long-poll their status, read the completion feed.",
+    )
 
     def authorized(authorization: str | None = Header(default=None)) -> None:
         if authorization is None or not authorization.startswith("Bearer "):
@@ -381,7 +409,9 @@ def create_app(config: MockLabConfig) -> Any:
         return {"status": "ok"}
 
     @app.post("/jobs", status_code=202, response_model=JobStatus, dependencies=auth)
-    async def submit(body: Submission, request: Request, idempotency_key: str = Header(min_length=1, max_length=200)) -> Any:
+    async def submit(
+        body: Submission, request: Request, idempotency_key: str = Header(min_length=1, max_length=200)
+    ) -> Any:
         job, _created = lab_of(request).submit(idempotency_key, body.request)
         return job.status()
 
@@ -400,8 +430,12 @@ def create_app(config: MockLabConfig) -> Any:
         return lab_of(request).cancel(job_id).status()
 
     @app.get("/events", response_model=EventPage, dependencies=auth)
-    async def events(request: Request, after: int = Query(default=0, ge=0), wait: float = Query(default=0.0, ge=0),
-                     limit: int = Query(default=1000, ge=1, le=10000)) -> Any:
+    async def events(
+        request: Request,
+        after: int = Query(default=0, ge=0),
+        wait: float = Query(default=0.0, ge=0),
+        limit: int = Query(default=1000, ge=1, le=10000),
+    ) -> Any:
         return await lab_of(request).events(after, wait, limit)
 
     @app.get("/stats", dependencies=auth)

@@ -142,8 +142,17 @@ class MockStore:
         self._conn.execute(
             "INSERT INTO jobs (job_id, key, request_hash, request, state, created_at, updated_at, runs, submits) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (job.job_id, job.key, job.request_hash, json.dumps(job.request), job.state.value, job.created_at,
-             job.updated_at, job.runs, job.submits),
+            (
+                job.job_id,
+                job.key,
+                job.request_hash,
+                json.dumps(job.request),
+                job.state.value,
+                job.created_at,
+                job.updated_at,
+                job.runs,
+                job.submits,
+            ),
         )
         self.jobs[job.job_id] = job
         self.by_key[job.key] = job.job_id
@@ -153,19 +162,40 @@ class MockStore:
         self._conn.execute(
             "UPDATE jobs SET state = ?, result = ?, error = ?, started_at = ?, finish_at = ?, completed_at = ?, "
             "updated_at = ?, runs = ?, submits = ? WHERE job_id = ?",
-            (job.state.value, json.dumps(job.result) if job.result is not None else None, job.error,
-             job.started_at, job.finish_at, job.completed_at, job.updated_at, job.runs, job.submits, job.job_id),
+            (
+                job.state.value,
+                json.dumps(job.result) if job.result is not None else None,
+                job.error,
+                job.started_at,
+                job.finish_at,
+                job.completed_at,
+                job.updated_at,
+                job.runs,
+                job.submits,
+                job.job_id,
+            ),
         )
 
     def append_event(self, job: MockJob) -> CompletionEvent:
         seq = (self.events[-1].seq if self.events else 0) + 1
         event = CompletionEvent(
-            seq=seq, job_id=job.job_id, idempotency_key=job.key, state=job.state, result=job.result, error=job.error
+            seq=seq,
+            job_id=job.job_id,
+            idempotency_key=job.key,
+            state=job.state,
+            result=job.result,
+            error=job.error,
         )
         self._conn.execute(
             "INSERT INTO events (seq, job_id, key, state, result, error) VALUES (?, ?, ?, ?, ?, ?)",
-            (seq, job.job_id, job.key, job.state.value, json.dumps(job.result) if job.result is not None else None,
-             job.error),
+            (
+                seq,
+                job.job_id,
+                job.key,
+                job.state.value,
+                json.dumps(job.result) if job.result is not None else None,
+                job.error,
+            ),
         )
         self.events.append(event)
         return event

@@ -68,8 +68,12 @@ class RestLabConfig(BaseModel):
     api_key_env: str = "LABRL_LAB_API_KEY"
     require_api_key: bool = True
     connect_timeout_s: float = Field(default=3.0, gt=0)
-    call_timeout_s: float = Field(default=10.0, gt=0, description="deadline of one HTTP call (plus the long-poll wait)")
-    long_poll_s: float = Field(default=20.0, ge=0, description="how long the lab may hold a GET /jobs/{id}?wait=")
+    call_timeout_s: float = Field(
+        default=10.0, gt=0, description="deadline of one HTTP call (plus the long-poll wait)"
+    )
+    long_poll_s: float = Field(
+        default=20.0, ge=0, description="how long the lab may hold a GET /jobs/{id}?wait="
+    )
     max_attempts: int = Field(default=8, ge=1)
     backoff_base_s: float = Field(default=0.1, ge=0)
     backoff_max_s: float = Field(default=5.0, ge=0)
@@ -136,10 +140,14 @@ class RestLabAdapter:
         self._client = httpx.AsyncClient(
             base_url=config.base_url,
             transport=transport,
-            limits=httpx.Limits(max_connections=config.max_concurrency, max_keepalive_connections=config.max_concurrency),
+            limits=httpx.Limits(
+                max_connections=config.max_concurrency, max_keepalive_connections=config.max_concurrency
+            ),
         )
         self._semaphore = asyncio.Semaphore(config.max_concurrency)
-        self._bucket = TokenBucket(config.rate_limit_per_s, config.rate_burst) if config.rate_limit_per_s else None
+        self._bucket = (
+            TokenBucket(config.rate_limit_per_s, config.rate_burst) if config.rate_limit_per_s else None
+        )
         self.breaker = CircuitBreaker(config.breaker_threshold, config.breaker_reset_s)
         self._rng = random.Random(config.seed)
         #: calls, retries and their reasons, for benchmarks and metrics
@@ -176,7 +184,9 @@ class RestLabAdapter:
                     **kwargs,
                 )
         except httpx.TimeoutException as exc:
-            raise LabTimeoutError(f"{method} {path}: no answer within {timeout:g} s ({type(exc).__name__})") from exc
+            raise LabTimeoutError(
+                f"{method} {path}: no answer within {timeout:g} s ({type(exc).__name__})"
+            ) from exc
         except httpx.TransportError as exc:
             raise LabTransportError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
 
@@ -211,7 +221,9 @@ class RestLabAdapter:
             self.stats["calls"] += 1
             wait: float | None = None
             try:
-                response = await self._send_once(method, path, timeout, headers=self._headers(headers), **kwargs)
+                response = await self._send_once(
+                    method, path, timeout, headers=self._headers(headers), **kwargs
+                )
             except (LabTimeoutError, LabTransportError) as exc:
                 self.breaker.record_failure()
                 self.stats["retry_" + ("timeout" if isinstance(exc, LabTimeoutError) else "transport")] += 1
@@ -281,7 +293,9 @@ class RestLabAdapter:
             if remaining <= 0:
                 raise LabTimeoutError(f"job {job.job_id} not finished within {timeout:g} s")
             hold = min(self.config.long_poll_s, remaining)
-            response = await self._call("GET", f"/jobs/{job.job_id}", params={"wait": f"{hold:.3f}"}, extra_timeout=hold)
+            response = await self._call(
+                "GET", f"/jobs/{job.job_id}", params={"wait": f"{hold:.3f}"}, extra_timeout=hold
+            )
             status = self._status(response.json())
             if status.state.terminal:
                 return status
@@ -290,14 +304,19 @@ class RestLabAdapter:
         status = await self.status(job)
         if status.state is JobState.COMPLETED and status.result is not None:
             return status.result
-        raise LabJobError(f"job {job.job_id} has no result: state {status.state.value}" + (f" ({status.error})" if status.error else ""))
+        raise LabJobError(
+            f"job {job.job_id} has no result: state {status.state.value}"
+            + (f" ({status.error})" if status.error else "")
+        )
 
     async def cancel(self, job: JobRef) -> JobStatus:
         return self._status((await self._call("POST", f"/jobs/{job.job_id}/cancel")).json())
 
     async def events(self, after: int, wait: float) -> EventPage:
         """Completion events with ``seq > after``; holds up to ``wait`` s when there are none."""
-        response = await self._call("GET", "/events", params={"after": after, "wait": f"{wait:.3f}"}, extra_timeout=wait)
+        response = await self._call(
+            "GET", "/events", params={"after": after, "wait": f"{wait:.3f}"}, extra_timeout=wait
+        )
         try:
             return EventPage.model_validate(response.json())
         except ValidationError as exc:

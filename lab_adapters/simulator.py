@@ -18,7 +18,7 @@ from collections import OrderedDict
 from typing import Any
 
 from labrl.envs.offload import run_cpu, run_killable
-from labrl.errors import LabJobError, LabRejectedError, LabTimeoutError, LabrlError
+from labrl.errors import LabJobError, LabRejectedError, LabrlError, LabTimeoutError
 from labrl.lab_adapters.calculators import BACKENDS, execute_calculation, validate_calculation
 from labrl.lab_adapters.protocol import JobRef, JobState, JobStatus, request_hash
 from labrl.lab_adapters.structures import parse_structure, structure_hash
@@ -80,7 +80,9 @@ class SimulatorAdapter:
         rhash = request_hash(request)
         if idempotency_key in self._by_key:
             if self._hash_of_key[idempotency_key] != rhash:
-                raise LabRejectedError(f"idempotency key {idempotency_key!r} was used for a different request")
+                raise LabRejectedError(
+                    f"idempotency key {idempotency_key!r} was used for a different request"
+                )
             return JobRef(job_id=self._by_key[idempotency_key], idempotency_key=idempotency_key)
         try:
             validate_calculation(request)
@@ -94,7 +96,11 @@ class SimulatorAdapter:
 
     async def find(self, idempotency_key: str) -> JobStatus | None:
         job_id = self._by_key.get(idempotency_key)
-        return None if job_id is None else await self.status(JobRef(job_id=job_id, idempotency_key=idempotency_key))
+        return (
+            None
+            if job_id is None
+            else await self.status(JobRef(job_id=job_id, idempotency_key=idempotency_key))
+        )
 
     def _task(self, job: JobRef) -> asyncio.Task[dict[str, Any]]:
         if job.job_id not in self._jobs:
@@ -109,10 +115,18 @@ class SimulatorAdapter:
             return JobStatus(job_id=job.job_id, idempotency_key=job.idempotency_key, state=JobState.CANCELLED)
         exc = task.exception()
         if exc is not None:
-            return JobStatus(job_id=job.job_id, idempotency_key=job.idempotency_key, state=JobState.FAILED,
-                             error=f"{type(exc).__name__}: {exc}")
-        return JobStatus(job_id=job.job_id, idempotency_key=job.idempotency_key, state=JobState.COMPLETED,
-                         result=task.result())
+            return JobStatus(
+                job_id=job.job_id,
+                idempotency_key=job.idempotency_key,
+                state=JobState.FAILED,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+        return JobStatus(
+            job_id=job.job_id,
+            idempotency_key=job.idempotency_key,
+            state=JobState.COMPLETED,
+            result=task.result(),
+        )
 
     async def wait(self, job: JobRef, timeout: float) -> JobStatus:
         task = self._task(job)
@@ -142,4 +156,3 @@ class SimulatorAdapter:
         for _key, task in self._jobs.values():
             task.cancel()
         self._jobs.clear()
-

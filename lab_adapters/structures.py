@@ -82,7 +82,9 @@ def parse_structure(data: Any, *, max_atoms: int = 16) -> Atoms:
     if lattice.shape == (6,):
         a, b, c, alpha, beta, gamma = lattice
         if min(a, b, c) <= 0 or not all(0 < x < 180 for x in (alpha, beta, gamma)):
-            raise InvalidActionError('"lattice" parameters need positive lengths and angles strictly between 0 and 180')
+            raise InvalidActionError(
+                '"lattice" parameters need positive lengths and angles strictly between 0 and 180'
+            )
         cell = cellpar_to_cell(lattice)
     elif lattice.shape == (3, 3):
         cell = lattice
@@ -98,7 +100,9 @@ def parse_structure(data: Any, *, max_atoms: int = 16) -> Atoms:
     atoms = Atoms(symbols=species, scaled_positions=frac % 1.0, cell=cell, pbc=True)
     shortest = min_distance(atoms)
     if shortest < MIN_DISTANCE:
-        raise InvalidActionError(f"atoms overlap: two atoms are {shortest:.3f} Å apart (minimum {MIN_DISTANCE} Å)")
+        raise InvalidActionError(
+            f"atoms overlap: two atoms are {shortest:.3f} Å apart (minimum {MIN_DISTANCE} Å)"
+        )
     return atoms
 
 
@@ -114,7 +118,9 @@ def min_distance(atoms: Atoms) -> float:
         shortest = math.inf
     # self-images: the shortest lattice vector among small integer combinations
     cell = np.asarray(atoms.cell)
-    grid = np.array([(i, j, k) for i in (-1, 0, 1) for j in (-1, 0, 1) for k in (-1, 0, 1) if (i, j, k) != (0, 0, 0)])
+    grid = np.array(
+        [(i, j, k) for i in (-1, 0, 1) for j in (-1, 0, 1) for k in (-1, 0, 1) if (i, j, k) != (0, 0, 0)]
+    )
     shortest_image = float(np.linalg.norm(grid @ cell, axis=1).min())
     return min(shortest, shortest_image)
 
@@ -124,7 +130,9 @@ def structure_to_dict(atoms: Atoms, digits: int = 6) -> dict[str, Any]:
     return {
         "lattice": [[round(float(x), digits) for x in row] for row in np.asarray(atoms.cell)],
         "species": list(atoms.get_chemical_symbols()),
-        "frac_coords": [[round(float(x) % 1.0, digits) for x in row] for row in atoms.get_scaled_positions(wrap=True)],
+        "frac_coords": [
+            [round(float(x) % 1.0, digits) for x in row] for row in atoms.get_scaled_positions(wrap=True)
+        ],
     }
 
 
@@ -132,6 +140,9 @@ def structure_hash(atoms: Atoms, *extra: str) -> str:
     """Canonical sha256 of ``atoms`` (see the module docstring); ``extra`` adds e.g. calculator and task."""
     cell = np.round(np.asarray(atoms.cell, dtype=float), 5) + 0.0  # + 0.0 turns -0.0 into 0.0
     frac = np.round(atoms.get_scaled_positions(wrap=True), 5) % 1.0
-    sites = sorted((s, *(float(f"{x:.5f}") for x in row)) for s, row in zip(atoms.get_chemical_symbols(), frac, strict=True))
+    sites = sorted(
+        (s, *(float(f"{x:.5f}") for x in row))
+        for s, row in zip(atoms.get_chemical_symbols(), frac, strict=True)
+    )
     payload = json.dumps({"cell": cell.tolist(), "sites": sites, "extra": list(extra)}, separators=(",", ":"))
     return hashlib.sha256(payload.encode()).hexdigest()

@@ -54,7 +54,9 @@ def formula_of(prototype: str, elements: tuple[str, ...]) -> str:
     return elements[0]
 
 
-_ADAPTERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[Any, ...], LabAdapter]] = weakref.WeakKeyDictionary()
+_ADAPTERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[Any, ...], LabAdapter]] = (
+    weakref.WeakKeyDictionary()
+)
 _KEYS = itertools.count()
 
 
@@ -76,8 +78,15 @@ def shared_adapter(backend: str, lab_url: str | None, api_key_env: str, timeout_
 class Calculator:
     """An env's view of its calculator: ``await calc.run(task, structure, **params)`` -> result dict."""
 
-    def __init__(self, backend: str, *, remote_backend: str = "emt", lab_url: str | None = None,
-                 api_key_env: str = "LABRL_LAB_API_KEY", timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        backend: str,
+        *,
+        remote_backend: str = "emt",
+        lab_url: str | None = None,
+        api_key_env: str = "LABRL_LAB_API_KEY",
+        timeout_s: float = 600.0,
+    ) -> None:
         if backend == "remote" and not lab_url:
             raise ConfigError('backend="remote" needs lab_url (the lab that runs the calculation jobs)')
         self.backend = backend
@@ -95,12 +104,20 @@ class Calculator:
                 raise ConfigError(f"unknown remote calculator backend {self.calc_backend!r}")
             unsupported = sorted(elements - BACKENDS[self.calc_backend].elements)
             if unsupported:
-                raise ConfigError(f"calculator backend {self.calc_backend!r} does not support element(s) {', '.join(unsupported)}")
+                raise ConfigError(
+                    f"calculator backend {self.calc_backend!r} does not support element(s) {', '.join(unsupported)}"
+                )
         else:
             check_backend(self.backend, elements, tasks)
 
     async def run(self, task: str, structure: dict[str, Any], **params: Any) -> dict[str, Any]:
-        request = {"kind": "calculation", "backend": self.calc_backend, "task": task, "structure": structure, **params}
+        request = {
+            "kind": "calculation",
+            "backend": self.calc_backend,
+            "task": task,
+            "structure": structure,
+            **params,
+        }
         adapter = shared_adapter(self.backend, self.lab_url, self.api_key_env, self.timeout_s)
         if isinstance(adapter, SimulatorAdapter):
             try:

@@ -35,10 +35,30 @@ TOLERANCE = 0.005
 ZERO_AT = 0.10
 NN_RANGE = (1.5, 4.5)  # Å
 #: nearest-neighbour distance / a for each prototype (used for the sanity check and the start guess)
-NN_OVER_A = {"fcc": 1 / math.sqrt(2), "bcc": math.sqrt(3) / 2, "sc": 1.0, "L1_2": 1 / math.sqrt(2), "B2": math.sqrt(3) / 2}
+NN_OVER_A = {
+    "fcc": 1 / math.sqrt(2),
+    "bcc": math.sqrt(3) / 2,
+    "sc": 1.0,
+    "L1_2": 1 / math.sqrt(2),
+    "B2": math.sqrt(3) / 2,
+}
 #: rough metallic radii (Å) for the starting guess of the reference relaxation
-_RADII = {"Al": 1.43, "Cu": 1.28, "Ag": 1.44, "Au": 1.44, "Ni": 1.24, "Pd": 1.37, "Pt": 1.39,
-          "Li": 1.52, "Na": 1.86, "Mg": 1.60, "Si": 1.17, "C": 0.77, "Be": 1.12, "B": 0.9}
+_RADII = {
+    "Al": 1.43,
+    "Cu": 1.28,
+    "Ag": 1.44,
+    "Au": 1.44,
+    "Ni": 1.24,
+    "Pd": 1.37,
+    "Pt": 1.39,
+    "Li": 1.52,
+    "Na": 1.86,
+    "Mg": 1.60,
+    "Si": 1.17,
+    "C": 0.77,
+    "Be": 1.12,
+    "B": 0.9,
+}
 DEFAULT_ELEMENTS = ("Al", "Cu", "Ag", "Au", "Ni", "Pd", "Pt")
 _NUMBER = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(?:Å|A|angstroms?|Angstroms?)?\s*$")
 
@@ -64,31 +84,45 @@ def _catalogue(elements: Sequence[str], prototypes: Sequence[str]) -> list[tuple
 class LatticeConstantEnv(Env):
     invalid_action_reward: ClassVar[float] = 0.0
 
-    def __init__(self, backend: str = "emt", elements: Sequence[str] = DEFAULT_ELEMENTS,
-                 prototypes: Sequence[str] = ("fcc", "bcc", "L1_2", "B2"), remote_backend: str = "emt",
-                 lab_url: str | None = None, api_key_env: str = "LABRL_LAB_API_KEY") -> None:
+    def __init__(
+        self,
+        backend: str = "emt",
+        elements: Sequence[str] = DEFAULT_ELEMENTS,
+        prototypes: Sequence[str] = ("fcc", "bcc", "L1_2", "B2"),
+        remote_backend: str = "emt",
+        lab_url: str | None = None,
+        api_key_env: str = "LABRL_LAB_API_KEY",
+    ) -> None:
         unknown = sorted(set(prototypes) - set(NN_OVER_A))
         if unknown:
             raise ConfigError(f"unknown prototype(s) {unknown}; choose from {sorted(NN_OVER_A)}")
         if not elements:
             raise ConfigError("elements must name at least one element")
-        self.calc = Calculator(backend, remote_backend=remote_backend, lab_url=lab_url, api_key_env=api_key_env)
+        self.calc = Calculator(
+            backend, remote_backend=remote_backend, lab_url=lab_url, api_key_env=api_key_env
+        )
         self.calc.check(set(elements), {"lattice"})  # unsupported elements fail here, not mid-run
         missing_radius = sorted(set(elements) - set(_RADII))
         if missing_radius:
-            raise ConfigError(f"no starting radius for element(s) {missing_radius}; supported: {sorted(_RADII)}")
+            raise ConfigError(
+                f"no starting radius for element(s) {missing_radius}; supported: {sorted(_RADII)}"
+            )
         self.tasks = {split: [] for split in ("train", "test")}
         for proto, elems in _catalogue(elements, prototypes):
             task_id = f"{proto}-{'-'.join(elems)}"
             self.tasks[split_of(task_id)].append((task_id, proto, elems))
         for split, items in self.tasks.items():
             if not items:
-                raise ConfigError(f"the element/prototype choice leaves the {split} split empty: add elements")
+                raise ConfigError(
+                    f"the element/prototype choice leaves the {split} split empty: add elements"
+                )
         timeout = 1800.0 if self.calc.calc_backend == "pyscf" else 120.0
         self.spec = EnvSpec(
             id=ENV_ID,
             description="Predict the equilibrium cubic lattice constant (Å); verified by relaxing with the calculator.",
-            budgets=Budgets(max_turns=1, step_timeout_s=timeout, scoring_timeout_s=timeout, reset_timeout_s=30),
+            budgets=Budgets(
+                max_turns=1, step_timeout_s=timeout, scoring_timeout_s=timeout, reset_timeout_s=30
+            ),
             tags=("simulator", "materials", self.calc.calc_backend),
             has_gold_answer=True,
         )
@@ -98,9 +132,14 @@ class LatticeConstantEnv(Env):
         items = self.tasks[split]
         task_id, proto, elems = items[seed % len(items)]
         a_guess = 2 * sum(_RADII[e] for e in elems) / len(elems) / NN_OVER_A[proto]
-        return Task(env_id=ENV_ID, split=split, seed=seed, task_id=task_id,
-                    prompt={"prototype": proto, "elements": list(elems), "formula": formula_of(proto, elems)},
-                    metadata={"a_guess": round(a_guess, 4), "backend": self.calc.backend})
+        return Task(
+            env_id=ENV_ID,
+            split=split,
+            seed=seed,
+            task_id=task_id,
+            prompt={"prototype": proto, "elements": list(elems), "formula": formula_of(proto, elems)},
+            metadata={"a_guess": round(a_guess, 4), "backend": self.calc.backend},
+        )
 
     async def reset(self, task: Task) -> Observation:
         self._task = task
@@ -145,7 +184,8 @@ class LatticeConstantEnv(Env):
         error = abs(a_pred - a_relaxed) / a_relaxed
         reward = await self.score(reward_for, error)
         return StepResult(
-            reward=reward, done=True,
+            reward=reward,
+            done=True,
             info={"a_pred": a_pred, "a_relaxed": a_relaxed, "relative_error": error},
         )
 

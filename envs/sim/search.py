@@ -52,10 +52,24 @@ STRUCTURE_SCHEMA: dict[str, Any] = {
     "required": ["lattice", "species", "frac_coords"],
 }
 TOOLS = (
-    ToolSpec(name="energy", description="Total energy (eV) and energy per atom of a structure, as given.",
-             parameters={"type": "object", "properties": {"structure": STRUCTURE_SCHEMA}, "required": ["structure"]}),
-    ToolSpec(name="relax", description="Relax atoms and cell; returns the relaxed structure and its energy.",
-             parameters={"type": "object", "properties": {"structure": STRUCTURE_SCHEMA}, "required": ["structure"]}),
+    ToolSpec(
+        name="energy",
+        description="Total energy (eV) and energy per atom of a structure, as given.",
+        parameters={
+            "type": "object",
+            "properties": {"structure": STRUCTURE_SCHEMA},
+            "required": ["structure"],
+        },
+    ),
+    ToolSpec(
+        name="relax",
+        description="Relax atoms and cell; returns the relaxed structure and its energy.",
+        parameters={
+            "type": "object",
+            "properties": {"structure": STRUCTURE_SCHEMA},
+            "required": ["structure"],
+        },
+    ),
 )
 DEFAULT_ELEMENTS = ("Al", "Cu", "Ag", "Au", "Ni", "Pd", "Pt")
 
@@ -78,16 +92,26 @@ def _ratio(species: Sequence[str]) -> tuple[tuple[str, int], ...]:
 class StructureSearchEnv(Env):
     invalid_action_reward: ClassVar[float] = 0.0
 
-    def __init__(self, backend: str = "emt", elements: Sequence[str] = DEFAULT_ELEMENTS, tool_budget: int = 4,
-                 remote_backend: str = "emt", lab_url: str | None = None,
-                 api_key_env: str = "LABRL_LAB_API_KEY") -> None:
+    def __init__(
+        self,
+        backend: str = "emt",
+        elements: Sequence[str] = DEFAULT_ELEMENTS,
+        tool_budget: int = 4,
+        remote_backend: str = "emt",
+        lab_url: str | None = None,
+        api_key_env: str = "LABRL_LAB_API_KEY",
+    ) -> None:
         if tool_budget < 0:
             raise ConfigError(f"tool_budget must be >= 0, got {tool_budget}")
-        self.calc = Calculator(backend, remote_backend=remote_backend, lab_url=lab_url, api_key_env=api_key_env)
+        self.calc = Calculator(
+            backend, remote_backend=remote_backend, lab_url=lab_url, api_key_env=api_key_env
+        )
         self.calc.check(set(elements), {"energy", "relax"})
         missing_radius = sorted(set(elements) - set(_RADII))
         if missing_radius:
-            raise ConfigError(f"no starting radius for element(s) {missing_radius}; supported: {sorted(_RADII)}")
+            raise ConfigError(
+                f"no starting radius for element(s) {missing_radius}; supported: {sorted(_RADII)}"
+            )
         self.tool_budget = tool_budget
         self.tasks: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {"train": [], "test": []}
         compositions: list[tuple[str, tuple[str, ...]]] = [("A", (e,)) for e in elements]
@@ -100,7 +124,9 @@ class StructureSearchEnv(Env):
         self.spec = EnvSpec(
             id=ENV_ID,
             description="Propose a low-energy crystal structure for a composition; energy and relax tools.",
-            budgets=Budgets(max_turns=tool_budget + 1, step_timeout_s=300, scoring_timeout_s=300, reset_timeout_s=300),
+            budgets=Budgets(
+                max_turns=tool_budget + 1, step_timeout_s=300, scoring_timeout_s=300, reset_timeout_s=300
+            ),
             tools=TOOLS,
             tags=("simulator", "materials", "multi-turn", self.calc.calc_backend),
             has_gold_answer=True,
@@ -117,9 +143,14 @@ class StructureSearchEnv(Env):
             species = [elems[0]] * 3 + [elems[1]]
         else:
             species = [elems[0], elems[1]]
-        return Task(env_id=ENV_ID, split=split, seed=seed, task_id=f"search-{formula}",
-                    prompt={"formula": formula, "composition": dict(Counter(species)), "max_atoms": MAX_ATOMS},
-                    metadata={"kind": kind, "elements": list(elems)})
+        return Task(
+            env_id=ENV_ID,
+            split=split,
+            seed=seed,
+            task_id=f"search-{formula}",
+            prompt={"formula": formula, "composition": dict(Counter(species)), "max_atoms": MAX_ATOMS},
+            metadata={"kind": kind, "elements": list(elems)},
+        )
 
     def _reference_prototypes(self, task: Task) -> list[tuple[str, tuple[str, ...]]]:
         elems = tuple(task.metadata["elements"])
@@ -156,7 +187,9 @@ class StructureSearchEnv(Env):
         want = _ratio([e for e, n in self._task.prompt["composition"].items() for _ in range(n)])
         got = _ratio(atoms.get_chemical_symbols())
         if got != want:
-            raise InvalidActionError(f"structure composition {dict(got)} does not match {self._task.prompt['formula']} {dict(want)}")
+            raise InvalidActionError(
+                f"structure composition {dict(got)} does not match {self._task.prompt['formula']} {dict(want)}"
+            )
         return structure_to_dict(atoms, digits=10)
 
     async def step(self, action: Action) -> StepResult:
@@ -171,8 +204,11 @@ class StructureSearchEnv(Env):
         result = await self.calc.run("energy", structure)
         energy = float(result["energy_per_atom_ev"])
         reward = await self.score(reward_for, energy, reference)
-        return StepResult(reward=reward, done=True,
-                          info={"energy_per_atom_ev": energy, "reference_ev": reference, "excess_ev": energy - reference})
+        return StepResult(
+            reward=reward,
+            done=True,
+            info={"energy_per_atom_ev": energy, "reference_ev": reference, "excess_ev": energy - reference},
+        )
 
     async def _tools(self, action: Action) -> StepResult:
         messages = []
@@ -180,13 +216,25 @@ class StructureSearchEnv(Env):
             if call.name not in ("energy", "relax"):
                 raise InvalidActionError(f"unknown tool {call.name!r}; the tools are energy and relax")
             if self._calls_left <= 0:
-                raise InvalidActionError(f"the tool budget of {self.tool_budget} calls is spent: submit an <answer>")
+                raise InvalidActionError(
+                    f"the tool budget of {self.tool_budget} calls is spent: submit an <answer>"
+                )
             self._calls_left -= 1
             structure = self._structure(call.arguments.get("structure"))
             result = await self.calc.run(call.name, structure)
-            shown = {k: v for k, v in result.items() if k in ("energy_ev", "energy_per_atom_ev", "structure", "converged")}
-            messages.append(Message(role="tool", name=call.name, tool_call_id=call.id,
-                                    content=json.dumps(shown, sort_keys=True)))
+            shown = {
+                k: v
+                for k, v in result.items()
+                if k in ("energy_ev", "energy_per_atom_ev", "structure", "converged")
+            }
+            messages.append(
+                Message(
+                    role="tool",
+                    name=call.name,
+                    tool_call_id=call.id,
+                    content=json.dumps(shown, sort_keys=True),
+                )
+            )
         info = {"tool_calls_left": self._calls_left}
         return StepResult(observation=Observation(messages=tuple(messages), tools=TOOLS), info=info)
 
@@ -213,8 +261,12 @@ def _gold_structure(env: StructureSearchEnv, task: Task) -> dict[str, Any]:
     best: tuple[float, dict[str, Any]] | None = None
     for proto, elems in env._reference_prototypes(task):
         a0 = 2 * sum(_RADII[e] for e in elems) / len(elems) / NN_OVER_A[proto]
-        request = {"kind": "calculation", "backend": env.calc.calc_backend, "task": "relax",
-                   "structure": structure_to_dict(prototype_atoms(proto, elems, a0))}
+        request = {
+            "kind": "calculation",
+            "backend": env.calc.calc_backend,
+            "task": "relax",
+            "structure": structure_to_dict(prototype_atoms(proto, elems, a0)),
+        }
         result = execute_calculation(request)
         if best is None or result["energy_per_atom_ev"] < best[0]:
             best = (result["energy_per_atom_ev"], result["structure"])

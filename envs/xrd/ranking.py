@@ -86,7 +86,7 @@ def ranking_case(seed: int, split: str = "test", fit: FitConfig | None = None) -
     wrong_sets: dict[str, tuple[str, ...]] = {}
     for i, p in enumerate(phases):
         d = decoy(p, set(true_ids))
-        wrong_sets[f"swap {p.id}->{d.id}"] = (*true_ids[:i], d.id, *true_ids[i + 1:])
+        wrong_sets[f"swap {p.id}->{d.id}"] = (*true_ids[:i], d.id, *true_ids[i + 1 :])
     minor = int(np.argmin(weights))
     wrong_sets[f"drop {true_ids[minor]}"] = true_ids[:minor] + true_ids[minor + 1 :]
     major = int(np.argmax(weights))

@@ -46,8 +46,12 @@ class LearnerConfig(BaseModel):
     objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     micro_batch_size: int = Field(default=16, ge=1, description="sequences per forward/backward")
-    router_replay: bool = Field(default=True, description="replay the sampler's routed experts when the batch has them")
-    temperature: float = Field(default=1.0, gt=0, description="logits / temperature, as the sampler's log-probs")
+    router_replay: bool = Field(
+        default=True, description="replay the sampler's routed experts when the batch has them"
+    )
+    temperature: float = Field(
+        default=1.0, gt=0, description="logits / temperature, as the sampler's log-probs"
+    )
     seed: int = 0
 
     @model_validator(mode="before")

@@ -64,7 +64,9 @@ class MegatronLearner:
     def export_weights(self) -> dict[str, torch.Tensor]:
         """A detached copy of every parameter and buffer (what a sampler loads)."""
         return {
-            k: v.detach().clone() for k, v in self.model.state_dict().items() if not k.endswith("_extra_state")
+            k: v.detach().clone()
+            for k, v in self.model.state_dict().items()
+            if not k.endswith("_extra_state")
         }
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
@@ -134,7 +136,9 @@ class MegatronLearner:
         result = self.model.load_state_dict(state["model"], strict=False)
         missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
         if missing or result.unexpected_keys:
-            raise LearnerError(f"checkpoint {path}: missing {missing[:5]}, unexpected {result.unexpected_keys[:5]}")
+            raise LearnerError(
+                f"checkpoint {path}: missing {missing[:5]}, unexpected {result.unexpected_keys[:5]}"
+            )
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
@@ -167,7 +171,9 @@ class MegatronLearner:
                     r.set_router_replay_action(RouterReplayAction.RECORD)
                 try:
                     self._logits(chunk)
-                    out.append(from_megatron_layout([r.get_recorded_indices() for r in replays], chunk.shape[0]))
+                    out.append(
+                        from_megatron_layout([r.get_recorded_indices() for r in replays], chunk.shape[0])
+                    )
                 finally:
                     for r in replays:
                         r.clear_router_replay_action()
@@ -177,9 +183,13 @@ class MegatronLearner:
     def _logits(self, tokens_B_T: torch.Tensor) -> torch.Tensor:
         B, T = tokens_B_T.shape
         positions = torch.arange(T).expand(B, T)
-        return self.model(input_ids=tokens_B_T, position_ids=positions, attention_mask=causal_attention_mask(T))
+        return self.model(
+            input_ids=tokens_B_T, position_ids=positions, attention_mask=causal_attention_mask(T)
+        )
 
-    def _logprobs_with_grad(self, tokens_B_T: torch.Tensor, routed_B_T_L_K: torch.Tensor | None) -> torch.Tensor:
+    def _logprobs_with_grad(
+        self, tokens_B_T: torch.Tensor, routed_B_T_L_K: torch.Tensor | None
+    ) -> torch.Tensor:
         if routed_B_T_L_K is None:
             logits = self._logits(tokens_B_T)
         else:
@@ -228,7 +238,9 @@ class MegatronLearner:
             device = grads[0].device if grads else "cpu"
             d, e = dense.to(device), expert.to(device)
             torch.distributed.all_reduce(d, group=parallel_state.get_model_parallel_group())
-            torch.distributed.all_reduce(e, group=parallel_state.get_expert_tensor_model_pipeline_parallel_group())
+            torch.distributed.all_reduce(
+                e, group=parallel_state.get_expert_tensor_model_pipeline_parallel_group()
+            )
             dense, expert = d.cpu(), e.cpu()
         norm = float((dense + expert).sqrt())
         if not math.isfinite(norm):

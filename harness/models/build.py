@@ -135,4 +135,6 @@ def causal_attention_mask(num_tokens: int, device: torch.device | str = "cpu") -
     Always passed explicitly: megatron-core's default causal mask
     (megatron/core/transformer/utils.py: get_default_causal_mask) is built on CUDA.
     """
-    return torch.triu(torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=device), diagonal=1)[None, None]
+    return torch.triu(torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=device), diagonal=1)[
+        None, None
+    ]

@@ -92,13 +92,19 @@ class MoEModelConfig(BaseModel):
         """
         from megatron.core.transformer.transformer_config import TransformerConfig
 
-        if cpu and (parallel.tensor_parallel, parallel.pipeline_parallel, parallel.expert_parallel) != (1, 1, 1):
+        if cpu and (parallel.tensor_parallel, parallel.pipeline_parallel, parallel.expert_parallel) != (
+            1,
+            1,
+            1,
+        ):
             raise ConfigError(
                 f"model parallelism {parallel.model_dump()} needs CUDA: on CPU set tensor_parallel, "
                 "pipeline_parallel and expert_parallel to 1"
             )
         layer_freq: int | list[int] = (
-            1 if self.moe_layer_freq == 1 else [int(i in self.moe_layer_indices) for i in range(self.num_layers)]
+            1
+            if self.moe_layer_freq == 1
+            else [int(i in self.moe_layer_indices) for i in range(self.num_layers)]
         )
         return TransformerConfig(
             num_layers=self.num_layers,

@@ -27,7 +27,9 @@ def model_router_replays(model: torch.nn.Module) -> list:
 
     replays = [m.router_replay for m in model.modules() if isinstance(m, TopKRouter)]
     if any(r is None for r in replays):
-        raise ConfigError("the model was built with routing_replay=False: rebuild it with routing_replay=True")
+        raise ConfigError(
+            "the model was built with routing_replay=False: rebuild it with routing_replay=True"
+        )
     return replays
 
 

@@ -165,7 +165,9 @@ class LocalSampler:
             raise SamplerError(f"request {request.rid}: input_ids is empty")
         bad = [t for t in request.input_ids if not 0 <= t < vocab]
         if bad:
-            raise SamplerError(f"request {request.rid}: token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+            raise SamplerError(
+                f"request {request.rid}: token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
+            )
 
     def _load(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
         missing = self._param_names - set(weights)
@@ -204,7 +206,9 @@ class LocalSampler:
                 for p in batch:
                     if not p.future.done():
                         p.future.set_exception(
-                            exc if isinstance(exc, SamplerError) else SamplerError(f"generation failed: {exc!r}")
+                            exc
+                            if isinstance(exc, SamplerError)
+                            else SamplerError(f"generation failed: {exc!r}")
                         )
                 if isinstance(exc, asyncio.CancelledError):
                     raise
@@ -319,7 +323,9 @@ class LocalSampler:
                 routed_arr = np.concatenate(chunks, axis=0)
             info = {"batch_size": B, "prefill_s": prefill_s, "generate_s": elapsed}
             if row.finish == "abort":
-                info["error"] = f"prompt of {len(row.request.input_ids)} tokens leaves no room in the context of {max_len}"
+                info["error"] = (
+                    f"prompt of {len(row.request.input_ids)} tokens leaves no room in the context of {max_len}"
+                )
             results.append(
                 GenerateResult(
                     rid=row.request.rid,

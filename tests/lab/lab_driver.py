@@ -15,11 +15,20 @@ from labrl.lab_adapters.rest import RestLabAdapter, RestLabConfig
 
 
 async def main(url: str, journal_path: str, out: str, n: int) -> None:
-    adapter = RestLabAdapter(RestLabConfig(base_url=url, call_timeout_s=2.0, long_poll_s=1.0, backoff_base_s=0.02,
-                                           backoff_max_s=0.3, rate_limit_per_s=None))
+    adapter = RestLabAdapter(
+        RestLabConfig(
+            base_url=url,
+            call_timeout_s=2.0,
+            long_poll_s=1.0,
+            backoff_base_s=0.02,
+            backoff_max_s=0.3,
+            rate_limit_per_s=None,
+        )
+    )
     journal = Journal(journal_path)
     lab = JournaledLab(adapter, journal, JournaledLabConfig(feed_wait_s=0.5, fallback_poll_s=2.0))
     with open(out, "a") as sink:
+
         async def one(i: int) -> None:
             outcome = await lab.run({"kind": "echo", "payload": {"i": i}}, f"job-{i}")
             assert outcome.status.result == {"echo": {"i": i}, "digest": outcome.status.result["digest"]}

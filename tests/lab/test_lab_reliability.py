@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import os
 import re
 import signal
@@ -29,8 +28,17 @@ DRIVER = Path(__file__).with_name("lab_driver.py")
 
 
 def rest(url: str, **overrides) -> RestLabAdapter:
-    config = dict(base_url=url, call_timeout_s=0.5, long_poll_s=0.5, backoff_base_s=0.02, backoff_max_s=0.3,
-                  rate_limit_per_s=None, breaker_threshold=50, breaker_reset_s=0.2, seed=1)
+    config = dict(
+        base_url=url,
+        call_timeout_s=0.5,
+        long_poll_s=0.5,
+        backoff_base_s=0.02,
+        backoff_max_s=0.3,
+        rate_limit_per_s=None,
+        breaker_threshold=50,
+        breaker_reset_s=0.2,
+        seed=1,
+    )
     return RestLabAdapter(RestLabConfig(**{**config, **overrides}))
 
 
@@ -41,16 +49,23 @@ async def test_thousand_jobs_under_faults_and_restart(tmp_path, api_key, caplog)
     delivered: collections.Counter[str] = collections.Counter()
     adapter = rest(lab.url)
     journal = Journal(tmp_path / "journal.sqlite")
-    client = JournaledLab(adapter, journal, JournaledLabConfig(feed_wait_s=0.5, fallback_poll_s=2.0),
-                          on_result=lambda key, status: delivered.update([key]))
+    client = JournaledLab(
+        adapter,
+        journal,
+        JournaledLabConfig(feed_wait_s=0.5, fallback_poll_s=2.0),
+        on_result=lambda key, status: delivered.update([key]),
+    )
     try:
+
         async def restart_midway() -> None:
             while client.stats["delivered"] < 300:
                 await asyncio.sleep(0.05)
             await asyncio.to_thread(lab.restart)
 
         restarter = asyncio.ensure_future(restart_midway())
-        outcomes = await asyncio.gather(*(client.run({"kind": "echo", "payload": {"i": i}}, f"k{i}") for i in range(1000)))
+        outcomes = await asyncio.gather(
+            *(client.run({"kind": "echo", "payload": {"i": i}}, f"k{i}") for i in range(1000))
+        )
         await restarter
         stats = lab.stats()
     finally:
@@ -87,13 +102,18 @@ def test_sigkill_client_resumes_from_journal_without_resubmitting(tmp_path):
     env = {**os.environ, "LABRL_LAB_API_KEY": TOKEN}
     n = 200
     try:
-        first = subprocess.Popen([sys.executable, str(DRIVER), lab.url, str(journal_path), str(out), str(n)], env=env)
+        first = subprocess.Popen(
+            [sys.executable, str(DRIVER), lab.url, str(journal_path), str(out), str(n)], env=env
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # kill once some are delivered and some are in flight
             time.sleep(0.1)
             if journal_path.exists():
                 rows = _journal_rows(journal_path)
-                if sum(d for _, d in rows.values()) >= 20 and sum(j is not None and not d for j, d in rows.values()) >= 20:
+                if (
+                    sum(d for _, d in rows.values()) >= 20
+                    and sum(j is not None and not d for j, d in rows.values()) >= 20
+                ):
                     break
         first.send_signal(signal.SIGKILL)
         first.wait()
@@ -102,8 +122,13 @@ def test_sigkill_client_resumes_from_journal_without_resubmitting(tmp_path):
         in_flight = [k for k, (j, d) in at_kill.items() if j is not None and not d]
         assert len(in_flight) >= 20
 
-        second = subprocess.run([sys.executable, str(DRIVER), lab.url, str(journal_path), str(out), str(n)],
-                                env=env, capture_output=True, text=True, timeout=120)
+        second = subprocess.run(
+            [sys.executable, str(DRIVER), lab.url, str(journal_path), str(out), str(n)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert second.returncode == 0, second.stderr[-2000:]
         stats = lab.stats()
     finally:
@@ -142,9 +167,14 @@ async def test_same_key_different_payload_is_rejected(mock_lab, api_key):
         first = await adapter.submit({"kind": "echo", "payload": 1}, "dup")
         again = await adapter.submit({"kind": "echo", "payload": 1}, "dup")
         assert again == first
-        with pytest.raises(LabRejectedError, match=re.escape("HTTP 409: Idempotency-Key 'dup' was used for a different request")):
+        with pytest.raises(
+            LabRejectedError,
+            match=re.escape("HTTP 409: Idempotency-Key 'dup' was used for a different request"),
+        ):
             await adapter.submit({"kind": "echo", "payload": 2}, "dup")
-        with pytest.raises(LabRejectedError, match=re.escape("HTTP 422: request refused: unknown job kind 'bake'")):
+        with pytest.raises(
+            LabRejectedError, match=re.escape("HTTP 422: request refused: unknown job kind 'bake'")
+        ):
             await adapter.submit({"kind": "bake"}, "bad")
         status = await adapter.wait(first, timeout=30)
         assert status.result["echo"] == 1
@@ -163,19 +193,24 @@ async def test_journal_records_before_request_goes_out(tmp_path, api_key):
         if request.method == "POST":
             rows = _journal_rows(tmp_path / "j.sqlite")
             seen_states.append(rows.get(request.headers["idempotency-key"]))
-            return httpx.Response(202, json={"job_id": "j1", "idempotency_key": "k", "state": "completed", "result": {"v": 7}})
+            return httpx.Response(
+                202, json={"job_id": "j1", "idempotency_key": "k", "state": "completed", "result": {"v": 7}}
+            )
         raise AssertionError("no GET expected: the submit answered a terminal state")
 
-    adapter = RestLabAdapter(RestLabConfig(base_url="http://127.0.0.1:9", rate_limit_per_s=None),
-                             transport=httpx.MockTransport(handler))
+    adapter = RestLabAdapter(
+        RestLabConfig(base_url="http://127.0.0.1:9", rate_limit_per_s=None),
+        transport=httpx.MockTransport(handler),
+    )
     client = JournaledLab(adapter, journal, JournaledLabConfig(use_feed=False))
     outcome = await client.run({"x": 1}, "k")
     again = await client.run({"x": 1}, "k")
     assert seen_states == [(None, False)]  # the row existed, without a job id, when the POST went out
     assert outcome.fresh and outcome.status.result == {"v": 7}
     assert not again.fresh and again.status.result == {"v": 7}
-    with pytest.raises(LabRejectedError, match=re.escape("idempotency key 'k' is already journaled for a different request")):
+    with pytest.raises(
+        LabRejectedError, match=re.escape("idempotency key 'k' is already journaled for a different request")
+    ):
         await client.run({"x": 2}, "k")
     await adapter.aclose()
     await journal.close()
-

@@ -25,8 +25,14 @@ STATUS = {"job_id": "job-1", "idempotency_key": "k1", "state": "queued"}
 
 
 def adapter(handler, **overrides) -> RestLabAdapter:
-    config = RestLabConfig(base_url="http://127.0.0.1:9", backoff_base_s=0.001, backoff_max_s=0.01,
-                           rate_limit_per_s=None, seed=0, **overrides)
+    config = RestLabConfig(
+        base_url="http://127.0.0.1:9",
+        backoff_base_s=0.001,
+        backoff_max_s=0.01,
+        rate_limit_per_s=None,
+        seed=0,
+        **overrides,
+    )
     return RestLabAdapter(config, transport=httpx.MockTransport(handler))
 
 
@@ -34,7 +40,13 @@ async def test_retries_5xx_then_succeeds_and_sends_key_and_token(api_key):
     seen = []
 
     def handler(request: httpx.Request) -> httpx.Response:
-        seen.append((request.headers["idempotency-key"], request.headers["authorization"], json.loads(request.content)))
+        seen.append(
+            (
+                request.headers["idempotency-key"],
+                request.headers["authorization"],
+                json.loads(request.content),
+            )
+        )
         return httpx.Response(503) if len(seen) < 3 else httpx.Response(202, json=STATUS)
 
     lab = adapter(handler)
@@ -127,10 +139,17 @@ async def test_circuit_breaker_fails_fast_then_probes(api_key):
 
 async def test_breaker_open_error_when_never_probed(api_key):
     calls = []
-    lab = adapter(lambda r: calls.append(1) or httpx.Response(500), max_attempts=1, breaker_threshold=2, breaker_reset_s=30)
+    lab = adapter(
+        lambda r: calls.append(1) or httpx.Response(500),
+        max_attempts=1,
+        breaker_threshold=2,
+        breaker_reset_s=30,
+    )
     lab.breaker.record_failure()
     lab.breaker.record_failure()
-    with pytest.raises(LabCircuitOpenError, match=re.escape("POST /jobs: circuit open after 2 consecutive failures")):
+    with pytest.raises(
+        LabCircuitOpenError, match=re.escape("POST /jobs: circuit open after 2 consecutive failures")
+    ):
         await lab.submit({"x": 1}, "k1")
     assert calls == []  # the lab was not touched
     await lab.aclose()
@@ -143,7 +162,9 @@ async def test_wait_long_polls_until_terminal(api_key):
     def handler(request: httpx.Request) -> httpx.Response:
         waits.append(request.url.params["wait"])
         state = next(states)
-        return httpx.Response(200, json={**STATUS, "state": state, "result": {"v": 1} if state == "completed" else None})
+        return httpx.Response(
+            200, json={**STATUS, "state": state, "result": {"v": 1} if state == "completed" else None}
+        )
 
     lab = adapter(handler, long_poll_s=5)
     from labrl.lab_adapters.protocol import JobRef
@@ -156,7 +177,9 @@ async def test_wait_long_polls_until_terminal(api_key):
 
 def test_missing_api_key_is_config_error(monkeypatch):
     monkeypatch.delenv("LABRL_LAB_API_KEY", raising=False)
-    with pytest.raises(ConfigError, match=re.escape("lab API key missing: set the environment variable LABRL_LAB_API_KEY")):
+    with pytest.raises(
+        ConfigError, match=re.escape("lab API key missing: set the environment variable LABRL_LAB_API_KEY")
+    ):
         RestLabAdapter(RestLabConfig(base_url="http://127.0.0.1:9"))
 
 
@@ -169,7 +192,15 @@ async def test_api_key_never_in_repr_logs_or_errors(api_key, caplog):
     lab = adapter(handler, max_attempts=2, breaker_threshold=100)
     with pytest.raises(LabTransportError) as info:
         await lab.submit({"x": 1}, "k1")
-    texts = [repr(lab), str(lab.config), repr(lab.config), repr(lab._key), str(info.value), repr(info.value), caplog.text]
+    texts = [
+        repr(lab),
+        str(lab.config),
+        repr(lab.config),
+        repr(lab._key),
+        str(info.value),
+        repr(info.value),
+        caplog.text,
+    ]
     assert caplog.text  # the give-up warning was logged
     assert all(api_key not in t for t in texts)
     await lab.aclose()

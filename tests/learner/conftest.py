@@ -25,7 +25,10 @@ def learner() -> MegatronLearner:
 
 def make_sampler(learner: MegatronLearner, precision: str) -> LocalSampler:
     return LocalSampler(
-        TINY, LocalSamplerConfig(precision=precision), weights=learner.export_weights(), version=learner.version
+        TINY,
+        LocalSamplerConfig(precision=precision),
+        weights=learner.export_weights(),
+        version=learner.version,
     )
 
 

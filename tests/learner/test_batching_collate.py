@@ -19,7 +19,9 @@ def _traj(tokens, mask, reward=1.0, group="g", routed=True):
 
 
 def test_collate_pads_right_and_renumbers_groups():
-    batch = collate([_traj([1, 2, 3], [0, 1, 1], group="x"), _traj([4, 5], [0, 1], 0.0, group="y")], 9, pad_to_multiple=4)
+    batch = collate(
+        [_traj([1, 2, 3], [0, 1, 1], group="x"), _traj([4, 5], [0, 1], 0.0, group="y")], 9, pad_to_multiple=4
+    )
     assert batch.tokens_B_T.tolist() == [[1, 2, 3, 9], [4, 5, 9, 9]]
     assert batch.attention_mask_B_T.tolist() == [[True, True, True, False], [True, True, False, False]]
     assert batch.loss_mask_B_T.tolist() == [[False, True, True, False], [False, True, False, False]]
@@ -32,7 +34,9 @@ def test_collate_pads_right_and_renumbers_groups():
 
 
 def test_collate_refuses_untrainable_and_mixed_routing():
-    with pytest.raises(ConfigError, match=re.escape("1 trajectories have no reward (outcome not trainable), e.g. task 't2'")):
+    with pytest.raises(
+        ConfigError, match=re.escape("1 trajectories have no reward (outcome not trainable), e.g. task 't2'")
+    ):
         collate([_traj([1, 2], [0, 1], reward=None)], 0)
     with pytest.raises(ConfigError, match=re.escape("1 of 2 trajectories lack routed experts")):
         collate([_traj([1, 2], [0, 1]), _traj([1, 2, 3], [0, 1, 1], routed=False)], 0)

@@ -25,13 +25,17 @@ def test_presets_have_moe_shapes():
 
 
 def test_unknown_preset_names_the_known_ones():
-    with pytest.raises(ConfigError, match=re.escape("unknown model preset 'gpt-5'; known presets: ['mixtral-8x7b'")):
+    with pytest.raises(
+        ConfigError, match=re.escape("unknown model preset 'gpt-5'; known presets: ['mixtral-8x7b'")
+    ):
         get_preset("gpt-5")
 
 
 def test_topk_above_experts_is_rejected_with_the_fix():
     fields = get_preset("tiny-moe").model_dump() | {"moe_router_topk": 9}
-    with pytest.raises(ValueError, match=re.escape("moe_router_topk=9 exceeds num_experts=8: lower moe_router_topk")):
+    with pytest.raises(
+        ValueError, match=re.escape("moe_router_topk=9 exceeds num_experts=8: lower moe_router_topk")
+    ):
         MoEModelConfig(**fields)
 
 

@@ -36,13 +36,18 @@ class ToolEnv(Env):
     async def reset(self, task):
         self.turn = 0
         self.seen: list[str] = []
-        return Observation(messages=(Message(role="system", content="lab"), Message(role="user", content="go")), tools=(TOOL,))
+        return Observation(
+            messages=(Message(role="system", content="lab"), Message(role="user", content="go")),
+            tools=(TOOL,),
+        )
 
     async def step(self, action: Action):
         self.turn += 1
         self.seen.append(action.text)
         if self.turn < 3:
-            return StepResult(observation=Observation(messages=(Message(role="tool", content=f"reading {self.turn}"),)))
+            return StepResult(
+                observation=Observation(messages=(Message(role="tool", content=f"reading {self.turn}"),))
+            )
         return StepResult(reward=0.5, done=True)
 
 
@@ -76,7 +81,9 @@ async def test_multi_turn_loss_mask_covers_exactly_the_model_tokens(learner, h):
     sampler = RecordingSampler(h.make_sampler(learner, "fp32"))
     env = ToolEnv()
     task = env.make_task("train", 0)
-    traj = await rollout(env, task, sampler, tok, SamplingParams(max_new_tokens=6, seed=1), return_routed_experts=True)
+    traj = await rollout(
+        env, task, sampler, tok, SamplingParams(max_new_tokens=6, seed=1), return_routed_experts=True
+    )
     assert (traj.num_turns, traj.reward, traj.outcome, len(sampler.calls)) == (3, 0.5, "ok", 3)
     tokens, mask = np.array(traj.tokens_T), np.array(traj.loss_mask_T)
     generated = [tid for _, res in sampler.calls for tid in res.output_ids]

@@ -28,7 +28,9 @@ def test_fp32_sampler_matches_learner(learner, h):
     diff = (learner.logprobs(batch.tokens_B_T) - batch.behaviour_logprobs_B_T)[mask].abs().max()
     assert mask.sum() > 50 and float(diff) < 1e-4
     # the sampler's recorded routing is the learner's own routing in fp32
-    same = (learner.route(batch.tokens_B_T).sort(-1).values == batch.routed_experts_B_T_L_K.sort(-1).values).all(-1)
+    same = (
+        learner.route(batch.tokens_B_T).sort(-1).values == batch.routed_experts_B_T_L_K.sort(-1).values
+    ).all(-1)
     assert bool(same.all(-1)[_real_rows(batch)].all())
 
 
@@ -85,17 +87,26 @@ def test_sampling_controls_and_results(learner, h):
         GenerateRequest(rid="b", input_ids=prompt[:10], sampling=SamplingParams(max_new_tokens=3, seed=1)),
     ]
     a, b = asyncio.run(sampler.generate(reqs))
-    assert (len(a.output_ids), a.finish_reason, len(b.output_ids), b.finish_reason) == (6, "length", 3, "length")
+    assert (len(a.output_ids), a.finish_reason, len(b.output_ids), b.finish_reason) == (
+        6,
+        "length",
+        3,
+        "length",
+    )
     assert a.routed_experts_T_L_K.shape == (30 + 6, 4, 2) and a.routed_experts_T_L_K.dtype == np.int32
     assert b.routed_experts_T_L_K is None
     # stop at the first greedy token: finish "stop", the stop token is the single output
-    stop = GenerateRequest(rid="c", input_ids=prompt, sampling=greedy.model_copy(update={"stop_token_ids": (a.output_ids[0],)}))
+    stop = GenerateRequest(
+        rid="c", input_ids=prompt, sampling=greedy.model_copy(update={"stop_token_ids": (a.output_ids[0],)})
+    )
     (c,) = asyncio.run(sampler.generate([stop]))
     assert (c.output_ids, c.finish_reason) == ([a.output_ids[0]], "stop")
     # same seed, same tokens
     again = asyncio.run(sampler.generate([reqs[1]]))[0]
     assert again.output_ids == b.output_ids
-    with pytest.raises(SamplerError, match=re.escape("request bad: token ids [999] are outside the vocabulary [0, 264)")):
+    with pytest.raises(
+        SamplerError, match=re.escape("request bad: token ids [999] are outside the vocabulary [0, 264)")
+    ):
         asyncio.run(sampler.generate([GenerateRequest(rid="bad", input_ids=(1, 999))]))
 
 
@@ -114,7 +125,11 @@ async def test_in_flight_update_tags_both_versions_at_the_boundary(learner, h):
     other = LocalSampler(h.tiny, weights=None)  # seed 0 init differs from the trained learner
     new_weights = {k: v for k, v in other.model.state_dict().items() if not k.endswith("_extra_state")}
     reqs = [
-        GenerateRequest(rid=f"r{i}", input_ids=tuple(range(40 + i, 70)), sampling=SamplingParams(max_new_tokens=12, seed=i))
+        GenerateRequest(
+            rid=f"r{i}",
+            input_ids=tuple(range(40 + i, 70)),
+            sampling=SamplingParams(max_new_tokens=12, seed=i),
+        )
         for i in range(2)
     ]
     task = asyncio.create_task(sampler.generate(reqs))

@@ -1,0 +1,162 @@
+"""Benchmark: 1,000 concurrent lab jobs through RestLabAdapter + journal against the mock lab.
+
+Two runs in the same process, same machine, same moment (CPU is shared, so
+compare the ratio, not the absolute numbers):
+
+- ``baseline``: no faults;
+- ``faults``: 10 % 5xx, 5 % hangs past the client timeout, 2 % duplicate
+  deliveries and one server restart after 300 deliveries.
+
+Each prints jobs/s, p50/p99 end-to-end latency (submit -> result delivered),
+client retries, and lost / duplicated counts (both must be 0). Writes
+``benchmarks/results/lab_adapter.json`` and ``lab_adapter.png``.
+
+    python benchmarks/lab_adapter.py [--jobs 1000] [--latency 2.0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from labrl.lab_adapters.journal import Journal
+from labrl.lab_adapters.journaled import JournaledLab, JournaledLabConfig
+from labrl.lab_adapters.mock_process import MockLabProcess
+from labrl.lab_adapters.mock_server import FaultConfig, MockLabConfig
+from labrl.lab_adapters.rest import RestLabAdapter, RestLabConfig
+
+RESULTS = Path(__file__).parent / "results"
+TOKEN = "bench-token"
+
+
+async def run(name: str, jobs: int, latency: float, faults: FaultConfig, restart_after: int | None) -> dict:
+    workdir = Path(tempfile.mkdtemp(prefix=f"lab-bench-{name}-"))
+    lab = MockLabProcess(
+        MockLabConfig(
+            state_dir=workdir / "lab", port=0, latency_median_s=latency, latency_sigma=0.5, faults=faults
+        ),
+        token=TOKEN,
+    ).start()
+    adapter = RestLabAdapter(
+        RestLabConfig(
+            base_url=lab.url,
+            call_timeout_s=2.0,
+            long_poll_s=2.0,
+            backoff_base_s=0.05,
+            backoff_max_s=1.0,
+            rate_limit_per_s=None,
+            max_concurrency=128,
+            breaker_threshold=50,
+            breaker_reset_s=0.5,
+            seed=0,
+        )
+    )
+    journal = Journal(workdir / "journal.sqlite")
+    delivered: collections.Counter[str] = collections.Counter()
+    client = JournaledLab(
+        adapter,
+        journal,
+        JournaledLabConfig(feed_wait_s=1.0, fallback_poll_s=10.0),
+        on_result=lambda key, status: delivered.update([key]),
+    )
+    latencies: list[float] = []
+
+    async def one(i: int) -> bool:
+        t0 = time.perf_counter()
+        outcome = await client.run({"kind": "echo", "payload": {"i": i}}, f"bench-{i}")
+        latencies.append(time.perf_counter() - t0)
+        return outcome.status.result is not None and outcome.status.result["echo"] == {"i": i}
+
+    async def restarter() -> None:
+        if restart_after is None:
+            return
+        while client.stats["delivered"] < restart_after:
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(lab.restart)
+
+    t0 = time.perf_counter()
+    background = asyncio.ensure_future(restarter())
+    correct = await asyncio.gather(*(one(i) for i in range(jobs)))
+    wall = time.perf_counter() - t0
+    await background
+    stats = lab.stats()
+    await client.aclose()
+    await adapter.aclose()
+    await journal.close()
+    lab.stop()
+    lat = np.array(latencies)
+    return {
+        "name": name,
+        "jobs": jobs,
+        "median_lab_latency_s": latency,
+        "wall_s": round(wall, 2),
+        "jobs_per_s": round(jobs / wall, 1),
+        "p50_s": round(float(np.percentile(lat, 50)), 3),
+        "p99_s": round(float(np.percentile(lat, 99)), 3),
+        "http_calls": adapter.stats["calls"],
+        "retries": adapter.stats["retries"],
+        "retry_reasons": {k: v for k, v in adapter.stats.items() if k.startswith("retry_")},
+        "lost": jobs - len(delivered),
+        "duplicated": sum(v - 1 for v in delivered.values()),
+        "wrong_result": correct.count(False),
+        "max_runs_per_job": stats["max_runs_per_job"],
+        "lab_counters": stats["counters"],
+        "restarted": restart_after is not None,
+        "latencies": sorted(round(x, 4) for x in latencies),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--latency", type=float, default=2.0)
+    args = parser.parse_args()
+    os.environ["LABRL_LAB_API_KEY"] = TOKEN
+    faults = FaultConfig(error_rate=0.10, hang_rate=0.05, hang_s=5.0, duplicate_rate=0.02)
+    rows = [
+        asyncio.run(run("baseline", args.jobs, args.latency, FaultConfig(), None)),
+        asyncio.run(run("faults", args.jobs, args.latency, faults, restart_after=min(300, args.jobs // 3))),
+    ]
+    header = f"{'run':10} {'jobs/s':>8} {'p50 s':>7} {'p99 s':>7} {'calls':>6} {'retries':>8} {'lost':>5} {'dup':>4} {'max runs':>8}"
+    print(header)
+    for r in rows:
+        print(
+            f"{r['name']:10} {r['jobs_per_s']:8.1f} {r['p50_s']:7.2f} {r['p99_s']:7.2f} {r['http_calls']:6d} "
+            f"{r['retries']:8d} {r['lost']:5d} {r['duplicated']:4d} {r['max_runs_per_job']:8d}"
+        )
+    base, fault = rows
+    print(
+        f"faults/baseline: throughput x{fault['jobs_per_s'] / base['jobs_per_s']:.2f}, "
+        f"p99 x{fault['p99_s'] / base['p99_s']:.2f}"
+    )
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "lab_adapter.json").write_text(json.dumps(rows, indent=1))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for r in rows:
+            ax.hist(r["latencies"], bins=60, histtype="step", label=f"{r['name']} (p99 {r['p99_s']:.1f} s)")
+        ax.set_xlabel("end-to-end latency per job (s)")
+        ax.set_ylabel("jobs")
+        ax.set_title(f"{args.jobs} concurrent lab jobs, median lab latency {args.latency:g} s")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(RESULTS / "lab_adapter.png", dpi=120)
+    except ImportError:
+        pass
+
+
+if __name__ == "__main__":
+    main()
