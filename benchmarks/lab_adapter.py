@@ -4,7 +4,7 @@ Two runs in the same process, same machine, same moment (CPU is shared, so
 compare the ratio, not the absolute numbers):
 
 - ``baseline``: no faults;
-- ``faults``: 10 % 5xx, 5 % hangs past the client timeout, 2 % duplicate
+- ``faults``: 10 % 5xx, 5 % hangs (15 s, past the 10 s client timeout), 2 % duplicate
   deliveries and one server restart after 300 deliveries.
 
 Each prints jobs/s, p50/p99 end-to-end latency (submit -> result delivered),
@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import collections
 import json
+import logging
 import os
 import tempfile
 import time
@@ -120,7 +121,10 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=2.0)
     args = parser.parse_args()
     os.environ["LABRL_LAB_API_KEY"] = TOKEN
-    faults = FaultConfig(error_rate=0.10, hang_rate=0.05, hang_s=5.0, duplicate_rate=0.02)
+    logging.basicConfig(
+        level=logging.ERROR
+    )  # "gave up, retrying at the driver level" warnings are expected here
+    faults = FaultConfig(error_rate=0.10, hang_rate=0.05, hang_s=15.0, duplicate_rate=0.02)
     rows = [
         asyncio.run(run("baseline", args.jobs, args.latency, FaultConfig(), None)),
         asyncio.run(run("faults", args.jobs, args.latency, faults, restart_after=min(300, args.jobs // 3))),

@@ -144,6 +144,7 @@ class SFTSection(_Section):
     steps: int = Field(default=100, ge=1)
     batch_size: int = Field(default=16, ge=1)
     lr: float = Field(default=1e-3, gt=0)
+    num_prompts: int = Field(default=256, ge=1, description="distinct train prompts to cycle through")
 
 
 class RunConfig(_Section):

@@ -21,6 +21,8 @@ COMMAND_GROUPS: dict[str, tuple[str, str]] = {
     "serve": ("labrl.commands.serve", "launch and supervise an inference server (sglang)"),
     "lab": ("labrl.commands.lab", "run the mock autonomous lab (serve-mock)"),
     "judge": ("labrl.commands.judge", "rubric judges: run the mock judge, validate rubric task files"),
+    "train": ("labrl.commands.train", "train a policy on an env: labrl train CONFIG [key=value ...]"),
+    "report": ("labrl.commands.report", "plots and a summary of a run: labrl report RUN_DIR"),
 }
 
 

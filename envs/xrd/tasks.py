@@ -21,6 +21,7 @@ appears in train tasks, and every test task contains one of them.
 
 from __future__ import annotations
 
+import hashlib
 import string
 from typing import Any, Literal
 
@@ -53,6 +54,12 @@ class PhaseIdConfig(BaseModel):
         default=0.5, ge=0.0, le=1.0, description="weight of the label-free reward in blend"
     )
     holdout_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
+    phase_pool: int | None = Field(
+        default=None,
+        ge=2,
+        description="draw tasks from a fixed subset of this many phases (hash order); None = the whole library. "
+        "A small pool (e.g. 16) is a curriculum a tiny from-scratch model can learn in minutes.",
+    )
     instrument_latency_s: float = Field(
         default=0.0, ge=0.0, description="simulated measurement time per reset"
     )
@@ -74,7 +81,17 @@ def _split_code(split: Split) -> int:
     return 0 if split == "train" else 1
 
 
-def _pools(library: PhaseLibrary, holdout: float, split: Split) -> tuple[list[Phase], list[Phase]]:
+def _restricted(library: PhaseLibrary, phase_pool: int | None) -> list[Phase]:
+    """The first ``phase_pool`` phases in sha256(id) order: a fixed subset independent of library order."""
+    phases = list(library)
+    if phase_pool is None:
+        return phases
+    if phase_pool > len(phases):
+        raise ConfigError(f"phase_pool={phase_pool} exceeds the library's {len(phases)} phases")
+    return sorted(phases, key=lambda p: hashlib.sha256(p.id.encode()).hexdigest())[:phase_pool]
+
+
+def _pools(library: list[Phase], holdout: float, split: Split) -> tuple[list[Phase], list[Phase]]:
     """(phases allowed in this split, phases the first component must come from)."""
     if holdout <= 0:
         return list(library), list(library)
@@ -116,7 +133,7 @@ def build_task_prompt(
     """(prompt data, answer) of task (split, seed). Pure: no simulation happens here."""
     library = load_library()
     rng = np.random.default_rng([_split_code(split), int(seed), _SALT])
-    allowed, first_pool = _pools(library, config.holdout_fraction, split)
+    allowed, first_pool = _pools(_restricted(library, config.phase_pool), config.holdout_fraction, split)
     first = first_pool[int(rng.integers(len(first_pool)))]
     tier = config.tier
     if tier == 3:

@@ -1,0 +1,208 @@
+"""Build a training run from a ``RunConfig`` and run it: what ``labrl train`` calls.
+
+::
+
+    run_dir/
+      config.yaml       the resolved config (file + overrides)
+      sft.jsonl         warm-start loss per step (when sft.enabled)
+      metrics.jsonl     one record per learner step
+      eval.jsonl        one record per evaluation on the test split
+      trained.jsonl     the group indices trained at each step
+      checkpoints/      step_N/{learner.pt, pipeline.pt} and `latest`
+      summary.json      final numbers
+
+Threads: the learner's ``train_step`` runs in a worker thread and the local
+sampler's forwards in another, so with ``pipeline.torch_threads = 1`` each
+owns one of the two cores of a laptop-class machine instead of both
+oversubscribing a shared intra-op pool.
+
+A run directory with a checkpoint is resumed (the warm start is skipped);
+``fresh=True`` refuses to reuse a directory that already has one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from labrl.errors import ConfigError
+from labrl.harness.config import RunConfig, dump_run_config
+from labrl.harness.metrics import JsonlWriter, LiveProgress
+from labrl.harness.pipeline.orchestrator import Orchestrator, latest_checkpoint
+from labrl.harness.pipeline.overlong import BudgetForcingSampler
+from labrl.harness.tokenizer import ByteTokenizer
+from labrl.harness.types import SamplingParams
+
+
+def make_env_factory(cfg: RunConfig):
+    from labrl.envs import make
+
+    budgets = cfg.env.budgets or None
+
+    def factory():
+        return make(cfg.env.id, budgets=budgets, **cfg.env.options)
+
+    factory()  # fail fast on a bad id or option, before anything is built
+    return factory
+
+
+def build_learner(cfg: RunConfig):
+    from labrl.harness.learners import LearnerConfig, MegatronLearner, OptimizerConfig
+
+    lc = cfg.learner
+    return MegatronLearner(
+        LearnerConfig(
+            model=cfg.model.resolve(),
+            objective=cfg.objective,
+            optimizer=OptimizerConfig(
+                lr=lc.lr, weight_decay=lc.weight_decay, warmup_steps=lc.warmup_steps, grad_clip=lc.grad_clip
+            ),
+            micro_batch_size=lc.micro_batch_size,
+            router_replay=lc.router_replay,
+            temperature=cfg.sampler.temperature,
+            seed=cfg.seed,
+        )
+    )
+
+
+async def build_sampler(cfg: RunConfig, learner, tokenizer):
+    model_cfg = cfg.model.resolve()
+    sc = cfg.sampler
+    if sc.kind == "local":
+        from labrl.harness.samplers.local import LocalSampler, LocalSamplerConfig
+
+        sampler = LocalSampler(
+            model_cfg,
+            LocalSamplerConfig(
+                precision=sc.precision,
+                max_batch_size=sc.max_batch_size,
+                batch_wait_s=sc.batch_wait_s,
+                seed=cfg.seed,
+                pad_token_id=tokenizer.pad_token_id,
+            ),
+            weights=learner.export_weights(),
+            version=learner.version,
+        )
+    else:
+        from labrl.harness.hf_export import export_hf_checkpoint
+        from labrl.harness.samplers.sglang import SGLangSampler, SGLangSamplerConfig
+
+        if sc.weights_dir is None:
+            raise ConfigError("sampler.kind=sglang needs sampler.weights_dir (where weight updates are written)")
+        sampler = SGLangSampler(
+            SGLangSamplerConfig(
+                urls=tuple(sc.urls),
+                num_hidden_layers=model_cfg.num_layers,
+                moe_layers=tuple(model_cfg.moe_layer_indices),
+                topk=model_cfg.moe_router_topk,
+                export_dir=sc.weights_dir,
+            ),
+            weight_writer=lambda state, path: export_hf_checkpoint(state, model_cfg, path),
+        )
+        await sampler.update_weights(learner.export_weights(), learner.version)
+    overlong = cfg.pipeline.overlong
+    if overlong.mode == "force":
+        sampler = BudgetForcingSampler(sampler, tokenizer.encode(overlong.cue), overlong.answer_tokens)
+    return sampler
+
+
+async def train(cfg: RunConfig, *, fresh: bool = False, progress: bool | None = None) -> dict[str, Any]:
+    run_dir = Path(cfg.run_dir)
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is not None and fresh:
+        raise ConfigError(f"{run_dir} already holds a checkpoint ({ckpt.name}): choose another run_dir or resume")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(dump_run_config(cfg))
+    torch.set_num_threads(cfg.pipeline.torch_threads)
+    torch.manual_seed(cfg.seed)
+    tokenizer = ByteTokenizer()
+    model_cfg = cfg.model.resolve()
+    if model_cfg.vocab_size != tokenizer.vocab_size:
+        raise ConfigError(
+            f"model vocab_size {model_cfg.vocab_size} differs from the byte tokenizer's {tokenizer.vocab_size}: "
+            "set model.overrides.vocab_size"
+        )
+    make_env = make_env_factory(cfg)
+    show = cfg.pipeline.progress if progress is None else progress
+    live = LiveProgress(cfg.pipeline.total_steps, enabled=show)
+    started = time.perf_counter()
+    learner = build_learner(cfg)
+    sft_s = 0.0
+    if ckpt is None and cfg.sft.enabled:
+        from labrl.harness.sft import run_sft
+
+        writer = JsonlWriter(run_dir / "sft.jsonl")
+        every = max(1, cfg.sft.steps // 5)
+
+        def on_sft(r: dict[str, Any]) -> None:
+            writer.write(r)
+            if r["sft_step"] % every == 0:
+                live.message(f"sft step {r['sft_step']}/{cfg.sft.steps}  loss {r['loss']:.3f}")
+
+        t0 = time.perf_counter()
+        await run_sft(learner.model, make_env, tokenizer, cfg.sft, seed=cfg.seed, on_step=on_sft)
+        sft_s = time.perf_counter() - t0
+        writer.close()
+    sampler = await build_sampler(cfg, learner, tokenizer)
+    metrics = JsonlWriter(run_dir / "metrics.jsonl")
+    evals = JsonlWriter(run_dir / "eval.jsonl")
+
+    def on_step(record: dict[str, Any]) -> None:
+        metrics.write(record)
+        live.update(record)
+
+    def on_eval(record: dict[str, Any]) -> None:
+        evals.write(record)
+        live.message(
+            f"eval @ step {record['step']}: accuracy {record['accuracy']:.3f} "
+            f"(n={record['n']}, {record['time_s'] / 60:.1f} min)"
+        )
+
+    sc = cfg.sampler
+    orch = Orchestrator(
+        cfg.pipeline,
+        make_env=make_env,
+        sampler=sampler,
+        learner=learner,
+        tokenizer=tokenizer,
+        sampling=SamplingParams(max_new_tokens=sc.max_new_tokens, temperature=sc.temperature, top_p=sc.top_p),
+        seed=cfg.seed,
+        run_dir=run_dir,
+        return_routed_experts=cfg.learner.router_replay,
+        on_step=on_step,
+        on_eval=on_eval,
+    )
+    if ckpt is not None:
+        await orch.resume(ckpt)
+        live.message(f"resumed from {ckpt} at step {orch.step}")
+    loop = asyncio.get_running_loop()
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, orch.request_stop)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError):  # not the main thread
+            pass
+    try:
+        result = await orch.run()
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+        live.close()
+        metrics.close()
+        evals.close()
+    summary = {
+        **result,
+        "total_wall_s": time.perf_counter() - started,
+        "sft_s": sft_s,
+        "interrupted": orch.step < cfg.pipeline.total_steps,
+        "eval_history": orch.eval_history,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return summary

@@ -1,0 +1,98 @@
+"""A short supervised warm start that teaches the answer *format* only.
+
+Targets are the env's ``random_action`` for each prompt: on-format but
+uninformed (for ``xrd/phase-id-v0`` tier 1, a uniformly random candidate
+letter). The gold answer is never read, so after the warm start the policy
+answers in the right format at chance accuracy, and everything above chance
+comes from RL. Loss = mean cross-entropy over the target tokens (the reply and
+its end-of-turn token); the prompt is context only.
+
+It runs directly on the learner's model with its own AdamW (the RL optimizer
+state starts clean) and does not advance the learner's version.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from labrl.envs.base import Env
+from labrl.harness.config import SFTSection
+from labrl.harness.models.build import causal_attention_mask
+from labrl.harness.tokenizer import Tokenizer
+
+SFT_SEED_OFFSET = 7_000_000_000  # SFT prompts come from train seeds far from the RL schedule's
+
+
+async def sft_prompts(make_env: Callable[[], Env], tokenizer: Tokenizer, n: int, seed: int) -> list[tuple[Any, list[int]]]:
+    """``n`` (task, prompt tokens) pairs from the train split."""
+    env = make_env()
+    out = []
+    try:
+        for i in range(n):
+            task = env.make_task("train", SFT_SEED_OFFSET + seed * 100_003 + i)
+            obs = await env.reset(task)
+            out.append((task, tokenizer.chat_prompt(obs.messages, obs.tools or env.spec.tools)))
+    finally:
+        await env.close()
+    return out
+
+
+def _batch(rows: list[tuple[list[int], int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded tokens (B, T) and the target mask (B, T) marking positions to predict."""
+    T = max(len(ids) for ids, _ in rows)
+    tokens = torch.full((len(rows), T), pad, dtype=torch.long)
+    target = torch.zeros(len(rows), T, dtype=torch.bool)
+    for b, (ids, n_prompt) in enumerate(rows):
+        tokens[b, : len(ids)] = torch.tensor(ids)
+        target[b, n_prompt : len(ids)] = True
+    return tokens, target
+
+
+async def run_sft(
+    model: torch.nn.Module,
+    make_env: Callable[[], Env],
+    tokenizer: Tokenizer,
+    cfg: SFTSection,
+    *,
+    seed: int = 0,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    env = make_env()
+    rng = random.Random(seed)
+    prompts = await sft_prompts(make_env, tokenizer, min(cfg.steps * cfg.batch_size, cfg.num_prompts), seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr)
+    end = [tokenizer.stop_token_ids[0]]
+    model.train()
+    history = []
+    started = time.perf_counter()
+    for step in range(cfg.steps):
+        rows = []
+        for _ in range(cfg.batch_size):
+            task, prompt = prompts[rng.randrange(len(prompts))]
+            reply = tokenizer.encode(env.random_action(task, rng).text) + end
+            rows.append((prompt + reply, len(prompt)))
+        tokens, target = _batch(rows, tokenizer.pad_token_id)
+        B, T = tokens.shape
+        logits = model(
+            input_ids=tokens, position_ids=torch.arange(T).expand(B, T), attention_mask=causal_attention_mask(T)
+        )
+        logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, T-1, V)
+        nll = -logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)  # (B, T-1)
+        mask = target[:, 1:]
+        loss = (nll * mask).sum() / mask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        record = {"sft_step": step + 1, "loss": float(loss.detach()), "time_s": time.perf_counter() - started}
+        history.append(record)
+        if on_step is not None:
+            on_step(record)
+    await env.close()
+    return history
