@@ -40,13 +40,19 @@ class _Section(BaseModel):
 
 class EnvSection(_Section):
     id: str = Field(description="registered env id, e.g. xrd/phase-id-v0")
-    options: dict[str, Any] = Field(default_factory=dict, description="constructor overrides for labrl.envs.make")
-    budgets: dict[str, Any] = Field(default_factory=dict, description="Budgets overrides (timeouts, max_turns)")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="constructor overrides for labrl.envs.make"
+    )
+    budgets: dict[str, Any] = Field(
+        default_factory=dict, description="Budgets overrides (timeouts, max_turns)"
+    )
 
 
 class ModelSection(_Section):
     preset: str = "tiny-moe"
-    overrides: dict[str, Any] = Field(default_factory=dict, description="MoEModelConfig fields changed from the preset")
+    overrides: dict[str, Any] = Field(
+        default_factory=dict, description="MoEModelConfig fields changed from the preset"
+    )
 
     def resolve(self) -> MoEModelConfig:
         base = get_preset(self.preset)
@@ -55,7 +61,9 @@ class ModelSection(_Section):
         try:
             return MoEModelConfig.model_validate(base.model_dump() | self.overrides)
         except ValidationError as exc:
-            raise ConfigError(describe_validation_error(exc, MoEModelConfig, prefix="model.overrides")) from None
+            raise ConfigError(
+                describe_validation_error(exc, MoEModelConfig, prefix="model.overrides")
+            ) from None
 
 
 class SamplerSection(_Section):
@@ -124,7 +132,9 @@ class PipelineSection(_Section):
     eval_size: int = Field(default=64, ge=1, description="test-split tasks per evaluation")
     eval_temperature: float = Field(default=0.0, ge=0.0)
     checkpoint_every: int = Field(default=0, ge=0, description="0: only at the end and on shutdown")
-    torch_threads: int = Field(default=1, ge=1, description="intra-op threads for each of learner and sampler")
+    torch_threads: int = Field(
+        default=1, ge=1, description="intra-op threads for each of learner and sampler"
+    )
     progress: bool = True
 
     @model_validator(mode="after")
@@ -162,7 +172,9 @@ class RunConfig(_Section):
 # -- loading ---------------------------------------------------------------------
 
 
-def _model_fields(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> tuple[type[BaseModel] | None, list[str]]:
+def _model_fields(
+    model: type[BaseModel] | None, loc: tuple[Any, ...]
+) -> tuple[type[BaseModel] | None, list[str]]:
     """Walk ``loc`` through nested pydantic models; the innermost model and its field names."""
     current = model
     for part in loc:
@@ -170,7 +182,11 @@ def _model_fields(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> tuple[
             return None, []
         annotation = current.model_fields[part].annotation
         current = next(
-            (a for a in (annotation, *typing.get_args(annotation)) if isinstance(a, type) and issubclass(a, BaseModel)),
+            (
+                a
+                for a in (annotation, *typing.get_args(annotation))
+                if isinstance(a, type) and issubclass(a, BaseModel)
+            ),
             None,
         )
     return current, list(current.model_fields) if current is not None else []

@@ -9,9 +9,8 @@ Files in the run directory:
   ``reward_mean``, ``n``).
 
 The live view (``rich``) shows step, reward, staleness, tokens/s, env
-latency and ETA; it is off when stdout is not a terminal or ``progress`` is
-false, and then one plain line per step is printed instead (every
-``print_every`` steps).
+latency and ETA; when stdout is not a terminal or ``rich_view`` is false,
+one plain line per step is printed instead (every ``print_every`` steps).
 """
 
 from __future__ import annotations
@@ -95,14 +94,15 @@ def summary_line(record: Mapping[str, Any], total_steps: int) -> str:
 class LiveProgress:
     """A rich progress bar with the step's key numbers, or plain lines when not interactive."""
 
-    def __init__(self, total_steps: int, *, enabled: bool = True, stream: TextIO | None = None, print_every: int = 1):
+    def __init__(
+        self, total_steps: int, *, rich_view: bool = True, stream: TextIO | None = None, print_every: int = 1
+    ):
         self.total_steps = total_steps
         self.stream = stream or sys.stdout
         self.print_every = max(1, print_every)
         self._progress = None
         self._task = None
-        self.enabled = enabled
-        if enabled and self.stream.isatty():
+        if rich_view and self.stream.isatty():
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self._progress = Progress(
@@ -119,13 +119,13 @@ class LiveProgress:
         line = summary_line(record, self.total_steps)
         if self._progress is not None:
             self._progress.update(self._task, completed=record["step"], info=line.split("  ", 1)[1])
-        elif self.enabled and (record["step"] % self.print_every == 0 or record["step"] == self.total_steps):
+        elif record["step"] % self.print_every == 0 or record["step"] == self.total_steps:
             print(line, file=self.stream, flush=True)
 
     def message(self, text: str) -> None:
         if self._progress is not None:
             self._progress.console.print(text)
-        elif self.enabled:
+        else:
             print(text, file=self.stream, flush=True)
 
     def close(self) -> None:

@@ -93,9 +93,13 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Report:
         plots.append(path)
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([r["time_s"] / 60 for r in rows], [r["reward/mean"] for r in rows], label="batch reward", alpha=0.6)
+    ax.plot(
+        [r["time_s"] / 60 for r in rows], [r["reward/mean"] for r in rows], label="batch reward", alpha=0.6
+    )
     if evals:
-        ax.plot([e["time_s"] / 60 for e in evals], [e["accuracy"] for e in evals], "o-", label="held-out accuracy")
+        ax.plot(
+            [e["time_s"] / 60 for e in evals], [e["accuracy"] for e in evals], "o-", label="held-out accuracy"
+        )
     ax.set_xlabel("wall-clock (min)")
     ax.set_ylim(-0.02, 1.02)
     ax.legend()
@@ -132,7 +136,11 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Report:
     xs, zv = _series(rows, "groups/zero_variance_total")
     _, added = _series(rows, "groups/kept_total")
     if xs:
-        ax.plot(xs, [z / max(1.0, z + a) for z, a in zip(zv, added, strict=True)], label="groups zero-variance (cumulative)")
+        ax.plot(
+            xs,
+            [z / max(1.0, z + a) for z, a in zip(zv, added, strict=True)],
+            label="groups zero-variance (cumulative)",
+        )
     ax.set_xlabel("step")
     ax.set_ylim(-0.02, 1.02)
     ax.legend(fontsize=8)

@@ -28,7 +28,9 @@ from labrl.harness.tokenizer import Tokenizer
 SFT_SEED_OFFSET = 7_000_000_000  # SFT prompts come from train seeds far from the RL schedule's
 
 
-async def sft_prompts(make_env: Callable[[], Env], tokenizer: Tokenizer, n: int, seed: int) -> list[tuple[Any, list[int]]]:
+async def sft_prompts(
+    make_env: Callable[[], Env], tokenizer: Tokenizer, n: int, seed: int
+) -> list[tuple[Any, list[int]]]:
     """``n`` (task, prompt tokens) pairs from the train split."""
     env = make_env()
     out = []
@@ -80,7 +82,9 @@ async def run_sft(
         tokens, target = _batch(rows, tokenizer.pad_token_id)
         B, T = tokens.shape
         logits = model(
-            input_ids=tokens, position_ids=torch.arange(T).expand(B, T), attention_mask=causal_attention_mask(T)
+            input_ids=tokens,
+            position_ids=torch.arange(T).expand(B, T),
+            attention_mask=causal_attention_mask(T),
         )
         logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, T-1, V)
         nll = -logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)  # (B, T-1)

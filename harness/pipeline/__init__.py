@@ -5,7 +5,12 @@ See ``orchestrator`` for the loop, ``buffer`` for dynamic sampling,
 ``runner`` for building a run from a ``RunConfig``.
 """
 
-from labrl.harness.pipeline.admission import AdmissionState, may_start, predicted_staleness, predicted_train_version
+from labrl.harness.pipeline.admission import (
+    AdmissionState,
+    may_start,
+    predicted_staleness,
+    predicted_train_version,
+)
 from labrl.harness.pipeline.buffer import Group, GroupBuffer
 from labrl.harness.pipeline.orchestrator import (
     Orchestrator,
@@ -15,7 +20,12 @@ from labrl.harness.pipeline.orchestrator import (
     task_seed,
     token_staleness,
 )
-from labrl.harness.pipeline.overlong import BudgetForcingSampler, length_penalty, mask_unsampled_tokens, process_overlong
+from labrl.harness.pipeline.overlong import (
+    BudgetForcingSampler,
+    length_penalty,
+    mask_unsampled_tokens,
+    process_overlong,
+)
 
 __all__ = [
     "AdmissionState",

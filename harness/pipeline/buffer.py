@@ -50,7 +50,9 @@ def reward_spread(rewards: list[float]) -> float:
 
 
 class GroupBuffer:
-    def __init__(self, batch_groups: int, *, dynamic_sampling: bool = True, variance_eps: float = 1e-9) -> None:
+    def __init__(
+        self, batch_groups: int, *, dynamic_sampling: bool = True, variance_eps: float = 1e-9
+    ) -> None:
         self.batch_groups = batch_groups
         self.dynamic_sampling = dynamic_sampling
         self.variance_eps = variance_eps
@@ -88,7 +90,9 @@ class GroupBuffer:
 
     def pop_batch(self) -> list[Group]:
         if not self.ready:
-            raise RuntimeError(f"pop_batch with {len(self._groups)} groups buffered, {self.batch_groups} needed")
+            raise RuntimeError(
+                f"pop_batch with {len(self._groups)} groups buffered, {self.batch_groups} needed"
+            )
         return [self._groups.popleft() for _ in range(self.batch_groups)]
 
     def peek(self) -> list[Group]:

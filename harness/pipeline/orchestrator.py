@@ -185,8 +185,10 @@ class Orchestrator:
             await self._train_loop(timer)
             if self._failure is not None:
                 raise self._failure
-            if self.cfg.eval_every > 0 and not self._stopping and (
-                not self.eval_history or self.eval_history[-1]["step"] != self.step
+            if (
+                self.cfg.eval_every > 0
+                and not self._stopping
+                and (not self.eval_history or self.eval_history[-1]["step"] != self.step)
             ):
                 if self._eval_task is not None:
                     await self._eval_task
@@ -201,7 +203,9 @@ class Orchestrator:
                 t.cancel()
             if self._eval_task is not None:
                 self._eval_task.cancel()
-            await asyncio.gather(producer, *tasks, *([self._eval_task] if self._eval_task else []), return_exceptions=True)
+            await asyncio.gather(
+                producer, *tasks, *([self._eval_task] if self._eval_task else []), return_exceptions=True
+            )
             # groups cancelled mid-flight restart on resume, ahead of new ones
             self.restart_queue = sorted(set(self.restart_queue) | set(inflight))
             if self.run_dir is not None and self._failure is None:
@@ -249,7 +253,9 @@ class Orchestrator:
             start_version = self.sampler.version
             started = time.perf_counter()
             task = self._task_env.make_task("train", seed)
-            sampling = self.sampling.model_copy(update={"seed": sampling_seed(self.seed, index, self.cfg.group_size)})
+            sampling = self.sampling.model_copy(
+                update={"seed": sampling_seed(self.seed, index, self.cfg.group_size)}
+            )
             trajectories = await rollout_group(
                 self.make_env, task, self.sampler, self.tokenizer, sampling, self.cfg.group_size,
                 return_routed_experts=self.return_routed_experts,
@@ -298,7 +304,9 @@ class Orchestrator:
             version = self.learner.version
             staleness = token_staleness(trajectories, version)
             over_max = sum(
-                1 for t in trajectories if token_staleness([t], version) and max(token_staleness([t], version)) > self.max_staleness
+                1
+                for t in trajectories
+                if token_staleness([t], version) and max(token_staleness([t], version)) > self.max_staleness
             )
             now = time.perf_counter()
             queue_s = [now - g.finished_at for g in groups]
@@ -326,11 +334,19 @@ class Orchestrator:
                 record["eval/accuracy"] = self.eval_history[-1]["accuracy"]
             if self.on_step is not None:
                 self.on_step(record)
-            if self.cfg.eval_every > 0 and self.step % self.cfg.eval_every == 0 and self.step < self.cfg.total_steps:
+            if (
+                self.cfg.eval_every > 0
+                and self.step % self.cfg.eval_every == 0
+                and self.step < self.cfg.total_steps
+            ):
                 if self._eval_task is not None and not self._eval_task.done():
                     await self._eval_task
                 self._eval_task = asyncio.create_task(self._evaluate(self.step))
-            if self.run_dir is not None and self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
+            if (
+                self.run_dir is not None
+                and self.cfg.checkpoint_every
+                and self.step % self.cfg.checkpoint_every == 0
+            ):
                 self.save_checkpoint()
             self._wake.set()
         if self._eval_task is not None and not self._stopping:
@@ -351,13 +367,17 @@ class Orchestrator:
     async def _evaluate(self, step: int) -> dict[str, Any]:
         """Greedy (or low-temperature) episodes on the env's test split with the sampler's current weights."""
         version = self.sampler.version
-        sampling = self.sampling.model_copy(update={"temperature": self.cfg.eval_temperature, "seed": self.seed})
+        sampling = self.sampling.model_copy(
+            update={"temperature": self.cfg.eval_temperature, "seed": self.seed}
+        )
 
         async def one(i: int) -> Trajectory:
             env = self.make_env()
             try:
                 task = env.make_task("test", i)
-                return await rollout(env, task, self.sampler, self.tokenizer, sampling, rid_prefix=f"eval{step}:")
+                return await rollout(
+                    env, task, self.sampler, self.tokenizer, sampling, rid_prefix=f"eval{step}:"
+                )
             finally:
                 await env.close()
 
@@ -384,7 +404,14 @@ class Orchestrator:
 
     @staticmethod
     def _new_window() -> dict[str, Any]:
-        return {"rewards": [], "env_s": [], "generation_s": [], "tokens": 0, "episodes": 0, "overlong": Counter()}
+        return {
+            "rewards": [],
+            "env_s": [],
+            "generation_s": [],
+            "tokens": 0,
+            "episodes": 0,
+            "overlong": Counter(),
+        }
 
     def _record_episodes(self, trajectories: list[Trajectory]) -> None:
         w = self._window

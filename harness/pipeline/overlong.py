@@ -76,7 +76,9 @@ class BudgetForcingSampler:
             if r1.routed_experts_T_L_K is not None and r2.routed_experts_T_L_K is not None:
                 # keep the first pass's rows up to its last fed token; the rest come from the second pass
                 keep = len(requests[i].input_ids) + len(r1.output_ids) - 1
-                routed = np.concatenate([r1.routed_experts_T_L_K[:keep], r2.routed_experts_T_L_K[keep:]], axis=0)
+                routed = np.concatenate(
+                    [r1.routed_experts_T_L_K[:keep], r2.routed_experts_T_L_K[keep:]], axis=0
+                )
             out[i] = GenerateResult(
                 rid=r1.rid,
                 output_ids=[*r1.output_ids, *self.cue_ids, *r2.output_ids],
@@ -91,7 +93,11 @@ class BudgetForcingSampler:
 
 def mask_unsampled_tokens(traj: Trajectory) -> tuple[Trajectory, int]:
     """Take tokens the policy did not sample (version NO_VERSION) off the loss mask; returns how many."""
-    bad = [i for i, (m, v) in enumerate(zip(traj.loss_mask_T, traj.versions_T, strict=True)) if m and v == NO_VERSION]
+    bad = [
+        i
+        for i, (m, v) in enumerate(zip(traj.loss_mask_T, traj.versions_T, strict=True))
+        if m and v == NO_VERSION
+    ]
     if not bad:
         return traj, 0
     mask, logp = list(traj.loss_mask_T), list(traj.logprobs_T)
@@ -107,10 +113,17 @@ def length_penalty(num_generated: int, max_tokens: int, cache: int, cap: float) 
     return float(min(0.0, max(-cap, ((max_tokens - cache) - num_generated) / cache)))
 
 
-def process_overlong(traj: Trajectory, cfg: OverlongSection, max_new_tokens: int) -> tuple[Trajectory, dict[str, int]]:
+def process_overlong(
+    traj: Trajectory, cfg: OverlongSection, max_new_tokens: int
+) -> tuple[Trajectory, dict[str, int]]:
     """Apply the configured overlong handling to one finished trajectory; returns it with per-episode counts."""
     traj, n_cue = mask_unsampled_tokens(traj)
-    flags = {"forced": int(n_cue > 0), "overlong": int(traj.finish_reason == "length"), "filtered": 0, "penalised": 0}
+    flags = {
+        "forced": int(n_cue > 0),
+        "overlong": int(traj.finish_reason == "length"),
+        "filtered": 0,
+        "penalised": 0,
+    }
     generated = sum(1 for v in traj.versions_T if v != NO_VERSION)
     if traj.reward is not None and cfg.penalty_tokens > 0:
         pen = length_penalty(generated, max_new_tokens, cfg.penalty_tokens, cfg.penalty)

@@ -94,7 +94,9 @@ async def build_sampler(cfg: RunConfig, learner, tokenizer):
         from labrl.harness.samplers.sglang import SGLangSampler, SGLangSamplerConfig
 
         if sc.weights_dir is None:
-            raise ConfigError("sampler.kind=sglang needs sampler.weights_dir (where weight updates are written)")
+            raise ConfigError(
+                "sampler.kind=sglang needs sampler.weights_dir (where weight updates are written)"
+            )
         sampler = SGLangSampler(
             SGLangSamplerConfig(
                 urls=tuple(sc.urls),
@@ -116,7 +118,9 @@ async def train(cfg: RunConfig, *, fresh: bool = False, progress: bool | None = 
     run_dir = Path(cfg.run_dir)
     ckpt = latest_checkpoint(run_dir)
     if ckpt is not None and fresh:
-        raise ConfigError(f"{run_dir} already holds a checkpoint ({ckpt.name}): choose another run_dir or resume")
+        raise ConfigError(
+            f"{run_dir} already holds a checkpoint ({ckpt.name}): choose another run_dir or resume"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_run_config(cfg))
     torch.set_num_threads(cfg.pipeline.torch_threads)
@@ -130,7 +134,7 @@ async def train(cfg: RunConfig, *, fresh: bool = False, progress: bool | None = 
         )
     make_env = make_env_factory(cfg)
     show = cfg.pipeline.progress if progress is None else progress
-    live = LiveProgress(cfg.pipeline.total_steps, enabled=show)
+    live = LiveProgress(cfg.pipeline.total_steps, rich_view=show)
     started = time.perf_counter()
     learner = build_learner(cfg)
     sft_s = 0.0

@@ -36,7 +36,9 @@ def initial_table() -> torch.Tensor:
 
 
 class BigramSampler:
-    def __init__(self, weights: torch.Tensor | None = None, *, decode_delay: float = 0.0, version: int = 0) -> None:
+    def __init__(
+        self, weights: torch.Tensor | None = None, *, decode_delay: float = 0.0, version: int = 0
+    ) -> None:
         self.W = (weights if weights is not None else initial_table()).clone()
         self._version = version
         self.decode_delay = decode_delay
@@ -78,7 +80,9 @@ class BigramSampler:
         finally:
             self._active -= 1
         self.stats["generated_tokens"] += len(out)
-        return GenerateResult(rid=r.rid, output_ids=out, logprobs_T=lps, versions_T=vers, finish_reason=finish)
+        return GenerateResult(
+            rid=r.rid, output_ids=out, logprobs_T=lps, versions_T=vers, finish_reason=finish
+        )
 
     async def update_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
         if self._active:
@@ -95,7 +99,9 @@ class BigramSampler:
 
 
 class BigramLearner:
-    def __init__(self, objective: ObjectiveConfig | None = None, *, lr: float = 0.05, train_delay: float = 0.0) -> None:
+    def __init__(
+        self, objective: ObjectiveConfig | None = None, *, lr: float = 0.05, train_delay: float = 0.0
+    ) -> None:
         self.W = torch.nn.Parameter(initial_table())
         self.objective = objective or ObjectiveConfig(loss="reinforce", corrections=[])
         self.opt = torch.optim.Adam([self.W], lr=lr)
@@ -162,7 +168,13 @@ class LetterEnv(Env):
     def make_task(self, split: Any, seed: int) -> Task:
         rng = random.Random(f"{split}:{seed}")
         delay = self.latency_s * math.exp(self.sigma * rng.gauss(0.0, 1.0)) if self.latency_s else 0.0
-        return Task(env_id=self.spec.id, split=split, seed=seed, task_id=f"letter-{split}-{seed}", prompt={"delay": delay})
+        return Task(
+            env_id=self.spec.id,
+            split=split,
+            seed=seed,
+            task_id=f"letter-{split}-{seed}",
+            prompt={"delay": delay},
+        )
 
     async def reset(self, task: Task) -> Observation:
         self.task = task

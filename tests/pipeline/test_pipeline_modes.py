@@ -56,7 +56,7 @@ async def test_sync_trains_on_policy_only():
 
 
 async def test_one_step_off_is_at_most_one_version_stale_and_never_updates_mid_generation():
-    orch, records = make("one_step_off", steps=8)
+    orch, _records = make("one_step_off", steps=8)
     await orch.run()
     stale = batch_staleness(orch.learner)  # type: ignore[arg-type]
     assert max(max(s) for s in stale) == 1
@@ -66,7 +66,11 @@ async def test_one_step_off_is_at_most_one_version_stale_and_never_updates_mid_g
 
 async def test_pipeline_updates_weights_in_flight_and_respects_the_bound_at_constant_latency():
     orch, records = make(
-        "pipeline", steps=10, max_staleness=2, dynamic_sampling=False, sampler=BigramSampler(decode_delay=0.005)
+        "pipeline",
+        steps=10,
+        max_staleness=2,
+        dynamic_sampling=False,
+        sampler=BigramSampler(decode_delay=0.005),
     )
     await orch.run()
     stale = batch_staleness(orch.learner)  # type: ignore[arg-type]
@@ -83,7 +87,9 @@ async def test_pipeline_updates_weights_in_flight_and_respects_the_bound_at_cons
 
 async def test_slow_stragglers_are_trained_and_counted_not_dropped():
     # lognormal latency with a heavy tail: some groups come back after the bound
-    orch, records = make("pipeline", steps=12, max_staleness=1, env=lambda: LetterEnv(latency_s=0.02, sigma=1.5))
+    orch, records = make(
+        "pipeline", steps=12, max_staleness=1, env=lambda: LetterEnv(latency_s=0.02, sigma=1.5)
+    )
     await orch.run()
     stale = batch_staleness(orch.learner)  # type: ignore[arg-type]
     over = sum(r["staleness/over_max_episodes"] for r in records)
@@ -91,7 +97,8 @@ async def test_slow_stragglers_are_trained_and_counted_not_dropped():
         1
         for batch, v in zip(orch.learner.batches, orch.learner.versions_at_train, strict=True)  # type: ignore[attr-defined]
         for row in range(batch.batch_size)
-        if batch.loss_mask_B_T[row].any() and int((v - batch.versions_B_T[row][batch.loss_mask_B_T[row]]).max()) > 1
+        if batch.loss_mask_B_T[row].any()
+        and int((v - batch.versions_B_T[row][batch.loss_mask_B_T[row]]).max()) > 1
     )
     assert max(max(s) for s in stale) == max(r["staleness/max"] for r in records)
 
@@ -110,7 +117,7 @@ async def test_untrainable_episodes_are_masked_and_counted():
 
 
 async def test_dynamic_sampling_oversamples_to_keep_batches_full():
-    orch, records = make("pipeline", steps=6)
+    orch, _records = make("pipeline", steps=6)
     await orch.run()
     assert all(b.batch_size == 12 for b in orch.learner.batches)  # type: ignore[attr-defined]
     c = orch.buffer.counters

@@ -22,7 +22,9 @@ from labrl.harness.pipeline import (
 from labrl.harness.types import NO_VERSION, GenerateRequest, SamplingParams, Trajectory
 
 
-def traj(reward: float | None, *, outcome: str = "ok", finish: str = "stop", gen: int = 2, version: int = 0) -> Trajectory:
+def traj(
+    reward: float | None, *, outcome: str = "ok", finish: str = "stop", gen: int = 2, version: int = 0
+) -> Trajectory:
     return Trajectory(
         env_id="test/x-v0", task_id="t", group_id="g",
         tokens_T=[1] * (2 + gen), loss_mask_T=[0, 0] + [1] * gen, logprobs_T=[0.0, 0.0] + [-1.0] * gen,
@@ -35,21 +37,29 @@ def traj(reward: float | None, *, outcome: str = "ok", finish: str = "stop", gen
 
 
 def test_typo_in_override_names_the_key_and_the_closest_one():
-    with pytest.raises(ConfigError, match=re.escape("pipeline.max_stalness: unknown key; did you mean pipeline.max_staleness?")):
+    with pytest.raises(
+        ConfigError,
+        match=re.escape("pipeline.max_stalness: unknown key; did you mean pipeline.max_staleness?"),
+    ):
         build_run_config(apply_overrides({"env": {"id": "test/letter-v0"}}, ["pipeline.max_stalness=3"]))
 
 
 def test_typo_in_yaml_file_is_an_error(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("env:\n  id: test/letter-v0\nlearner:\n  lr: 0.1\n  micro_batch: 4\n")
-    with pytest.raises(ConfigError, match=re.escape("learner.micro_batch: unknown key; did you mean learner.micro_batch_size?")):
+    with pytest.raises(
+        ConfigError,
+        match=re.escape("learner.micro_batch: unknown key; did you mean learner.micro_batch_size?"),
+    ):
         load_run_config(path)
 
 
 def test_overrides_are_parsed_as_yaml_scalars_and_lists(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("env:\n  id: test/letter-v0\npipeline:\n  mode: sync\n")
-    cfg = load_run_config(path, ["learner.lr=3e-4", "pipeline.mode=pipeline", "objective.corrections=[m2po]", "seed=7"])
+    cfg = load_run_config(
+        path, ["learner.lr=3e-4", "pipeline.mode=pipeline", "objective.corrections=[m2po]", "seed=7"]
+    )
     assert cfg.learner.lr == 3e-4
     assert cfg.pipeline.mode == "pipeline"
     assert [c.kind for c in cfg.objective.corrections] == ["m2po"]
@@ -57,7 +67,9 @@ def test_overrides_are_parsed_as_yaml_scalars_and_lists(tmp_path):
 
 
 def test_bad_values_name_the_field():
-    with pytest.raises(ConfigError, match=re.escape("pipeline.group_size: Input should be greater than or equal to 2")):
+    with pytest.raises(
+        ConfigError, match=re.escape("pipeline.group_size: Input should be greater than or equal to 2")
+    ):
         build_run_config({"env": {"id": "a/b-v0"}, "pipeline": {"group_size": 1}})
     with pytest.raises(ConfigError, match=re.escape("sampler.kind=sglang needs sampler.urls")):
         build_run_config({"env": {"id": "a/b-v0"}, "sampler": {"kind": "sglang"}})
@@ -72,7 +84,10 @@ def test_buffer_drops_zero_variance_masks_untrainable_and_counts():
     buf = GroupBuffer(batch_groups=2)
     assert buf.add(Group(0, 0, [traj(1.0), traj(0.0), traj(None, outcome="timeout")], 0)) == "kept"
     assert buf.add(Group(1, 1, [traj(1.0), traj(1.0)], 0)) == "zero_variance"
-    assert buf.add(Group(2, 2, [traj(None, outcome="env_error"), traj(None, outcome="timeout")], 0)) == "untrainable"
+    assert (
+        buf.add(Group(2, 2, [traj(None, outcome="env_error"), traj(None, outcome="timeout")], 0))
+        == "untrainable"
+    )
     assert buf.add(Group(3, 3, [traj(0.0), traj(None, outcome="verifier_failed")], 0)) == "zero_variance"
     assert not buf.ready
     assert buf.add(Group(4, 4, [traj(0.5), traj(0.0)], 0)) == "kept"
@@ -104,7 +119,9 @@ def test_buffer_state_round_trip():
 
 
 def test_predicted_train_version_by_hand():
-    s = AdmissionState(learner_version=5, learner_busy=True, sampler_version=5, buffered_groups=3, inflight_groups=6)
+    s = AdmissionState(
+        learner_version=5, learner_busy=True, sampler_version=5, buffered_groups=3, inflight_groups=6
+    )
     # ahead = 3 + 0.5 * 6 = 6 groups; batch 4 -> one full batch ahead; busy -> +1
     assert predicted_train_version(s, batch_groups=4, keep_rate=0.5) == 5 + 1 + 1
     assert may_start(s, 4, 0.5, max_staleness=2)

@@ -32,6 +32,7 @@ by Hill–Howard (``mixture.weight_fractions``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -92,37 +93,143 @@ def _sticks(phase_id: str, instrument: Instrument) -> tuple[np.ndarray, np.ndarr
     return phase_sticks(load_library().get(phase_id), instrument)
 
 
+# A normalised Gram matrix whose eigenvalues span more than this ratio (columns with a cosine
+# above ~1 − 1e-10) is solved by SVD on the columns instead, which treats near-duplicates as
+# ``np.linalg.lstsq`` does.
+_GRAM_MIN_RATIO = 1e-10
+
+
 class _Problem:
-    """Weighted linear least squares with non-negative phase scales and a free background."""
+    """Weighted linear least squares with non-negative phase scales and a free background.
+
+    The background is eliminated once per measurement: with Q an orthonormal
+    basis of the weighted Chebyshev columns B_w, every column and the weighted
+    data are projected onto the complement of span(B_w), a ↦ a − Q(Qᵀa). By
+    Frisch–Waugh–Lovell the phase coefficients (and the residual) of the
+    projected problem equal those of the full one, so each solve only involves
+    the P phase columns, through their P × P Gram matrix.
+    """
 
     def __init__(self, counts: np.ndarray, basis: np.ndarray):
         self.y = counts
         self.sw = 1.0 / np.sqrt(np.maximum(counts, 1.0))  # sqrt of weights, (n,)
         self.yw = self.y * self.sw
         self.norm = float(self.yw @ self.yw)
-        self.basis_w = basis * self.sw[:, None]  # (n, K)
+        self.q = _orthonormal(basis * self.sw[:, None])  # (n, K)
+        self.y_perp = self.project(self.yw)  # (n,)
 
-    def solve(self, columns: list[np.ndarray]) -> tuple[float, np.ndarray, np.ndarray]:
-        """(Rwp, phase scales (P,), model (n,)) for phase columns (each (n,))."""
-        n_phase = len(columns)
+    def project(self, a: np.ndarray) -> np.ndarray:
+        """Component of ``a`` ((n,), (n, m) or (T, n, m), weighted) orthogonal to the background."""
+        return a - self.q @ (self.q.T @ a)
+
+    def design(self, columns: list[np.ndarray]) -> np.ndarray:
+        """Weighted, projected phase columns (n, P)."""
+        if not columns:
+            return np.zeros((len(self.y), 0))
+        return self.project(np.column_stack(columns) * self.sw[:, None])
+
+    def rwp(self, resid: np.ndarray) -> float:
+        return float(np.sqrt(resid @ resid / self.norm))
+
+    def solve(
+        self, design: np.ndarray, gram: np.ndarray | None = None, rhs: np.ndarray | None = None
+    ) -> tuple[float, np.ndarray, np.ndarray]:
+        """(Rwp, phase scales (P,), weighted residual (n,)) for a projected design (n, P).
+
+        Active set: solve, drop the most negative scale, repeat until none is negative.
+        ``gram`` = designᵀdesign and ``rhs`` = designᵀy⊥ may be passed when computed in a batch.
+        """
+        n_phase = design.shape[1]
+        gram = design.T @ design if gram is None else gram  # (P, P)
+        rhs = design.T @ self.y_perp if rhs is None else rhs  # (P,)
         active = list(range(n_phase))
-        while True:
-            cols = [columns[i] * self.sw for i in active]
-            a = np.column_stack([*cols, self.basis_w]) if cols else self.basis_w  # (n, P' + K)
-            coef, *_ = np.linalg.lstsq(a, self.yw, rcond=None)
-            phase_coef = coef[: len(active)]
-            if len(active) == 0 or phase_coef.min() >= 0:
-                break
-            active.pop(int(np.argmin(phase_coef)))
-        resid = self.yw - a @ coef
         scales = np.zeros(n_phase)
-        scales[active] = phase_coef
-        model = (a @ coef) / self.sw
-        return float(np.sqrt(resid @ resid / self.norm)), scales, model
+        while active:
+            sub = np.ix_(active, active) if len(active) < n_phase else slice(None)
+            coef = _lsq(gram[sub], rhs[active], design[:, active], self.y_perp)
+            if coef.min() >= 0:
+                scales[active] = coef
+                break
+            active.pop(int(np.argmin(coef)))
+        resid = self.y_perp - design @ scales
+        return self.rwp(resid), scales, resid
 
 
-def _shifted(column: np.ndarray, grid: np.ndarray, delta: float) -> np.ndarray:
-    return np.interp(grid - delta, grid, column, left=0.0, right=0.0) if delta else column
+def _orthonormal(a: np.ndarray) -> np.ndarray:
+    """Q (n, K) with span(Q) = span(a) and QᵀQ = I: Cholesky QR, done twice for orthogonality to ε."""
+    for _ in range(2):
+        r = np.linalg.cholesky(a.T @ a)  # lower triangular L, aᵀa = L Lᵀ
+        a = np.linalg.solve(r, a.T).T  # a L⁻ᵀ
+    return a
+
+
+def _lsq(gram: np.ndarray, rhs: np.ndarray, design: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """argmin_c |target − design c|² from the normal equations ``gram c = rhs`` (gram = designᵀdesign).
+
+    All-zero columns get 0 (the minimum-norm choice); a near-singular rest falls back to
+    ``np.linalg.lstsq`` on the columns themselves.
+    """
+    diag = np.diag(gram)
+    coef = np.zeros(len(rhs))
+    live = diag > 0
+    if not live.any():
+        return coef
+    inv_norm = 1.0 / np.sqrt(diag[live])
+    g = gram[np.ix_(live, live)] * inv_norm[:, None] * inv_norm[None, :]  # unit diagonal
+    eigval, eigvec = np.linalg.eigh(g)
+    if eigval[0] > _GRAM_MIN_RATIO * eigval[-1]:
+        coef[live] = inv_norm * (eigvec @ ((eigvec.T @ (rhs[live] * inv_norm)) / eigval))
+    else:
+        coef[live] = np.linalg.lstsq(design[:, live], target, rcond=None)[0]
+    return coef
+
+
+class _Columns:
+    """Rendered phase columns P_p(2θ; zero, a_p, L), memoised within one fit."""
+
+    def __init__(self, ids: tuple[str, ...], instrument: Instrument, grid: np.ndarray):
+        self.instrument = instrument
+        self.grid = grid
+        self.sticks = {pid: _sticks(pid, instrument) for pid in ids}
+        self.cache: dict[tuple[str, float, float, float], np.ndarray] = {}
+        self.shifted: dict[float, Instrument] = {}
+
+    def render(self, pid: str, size: float, zero: float, strain: float) -> np.ndarray:
+        key = (pid, size, zero, strain)
+        if key not in self.cache:
+            inst = self.shifted.get(zero)
+            if inst is None:
+                inst = self.instrument.model_copy(update={"zero_shift": self.instrument.zero_shift + zero})
+                self.shifted[zero] = inst
+            pos, inten = self.sticks[pid]
+            positions = rescale_positions(pos, strain, self.instrument.wavelength_ka1)
+            self.cache[key] = render(inst, positions, inten, crystallite_nm=size, grid=self.grid)
+        return self.cache[key]
+
+
+def _translated(columns: np.ndarray, deltas: np.ndarray, step: float) -> np.ndarray:
+    """``columns`` (n, P) sampled at 2θ − δ for each δ (T,): (T, n, P).
+
+    Linear interpolation between grid points and 0 outside the scan: the values of
+    ``np.interp(grid − δ, grid, column, left=0, right=0)`` on a uniform grid, where
+    point i samples the fractional index i − δ/step.
+    """
+    n = columns.shape[0]
+    padded = np.vstack([columns, np.zeros((1, columns.shape[1]))])  # (n + 1, P): index n + 1 never read
+    out = np.zeros((len(deltas), *columns.shape))
+    for t, delta in enumerate(deltas):
+        shift = -float(delta) / step
+        whole = math.floor(shift)
+        frac = shift - whole
+        first = max(math.ceil(-shift), 0)  # points whose sample lies inside [0, n − 1]
+        last = min(math.floor(n - 1 - shift), n - 1)
+        if last < first:
+            continue
+        src = slice(first + whole, last + whole + 1)
+        out[t, first : last + 1] = (1.0 - frac) * padded[src]
+        if frac:
+            out[t, first : last + 1] += frac * padded[first + whole + 1 : last + whole + 2]
+    return out
 
 
 def fit_phases(
@@ -139,9 +246,8 @@ def fit_phases(
         np.asarray(counts, dtype=float), chebyshev_basis(instrument, config.background_degree, grid)
     )
     ids = tuple(p.id for p in phases)
-    sticks = [_sticks(pid, instrument) for pid in ids]
-    wl = instrument.wavelength_ka1
-    rwp_bg, _, _ = problem.solve([])
+    renderer = _Columns(ids, instrument, grid)
+    rwp_bg = problem.rwp(problem.y_perp)
     n_params = len(ids) + config.background_degree + 1
     rexp = float(np.sqrt(max(len(grid) - n_params, 1) / problem.norm))
 
@@ -153,11 +259,7 @@ def fit_phases(
     step = grid[1] - grid[0]
 
     def columns(at_size: float, at_zero: float, strain: dict[str, float]) -> list[np.ndarray]:
-        inst = instrument.model_copy(update={"zero_shift": instrument.zero_shift + at_zero})
-        return [
-            render(inst, rescale_positions(pos, strain[pid], wl), inten, crystallite_nm=at_size, grid=grid)
-            for pid, (pos, inten) in zip(ids, sticks, strict=True)
-        ]
+        return [renderer.render(pid, at_size, at_zero, strain[pid]) for pid in ids]
 
     def gauss_newton(cols: list[np.ndarray]) -> None:
         """One linearised update of the zero shift and the lattice strains.
@@ -166,16 +268,14 @@ def fit_phases(
         −Σ S_p P'_p (zero shift) and −S_p (dδ/dε) P'_p (strain of phase p).
         """
         nonlocal zero
-        _, scale_arr, _ = problem.solve(cols)
-        derivs = [np.gradient(c, step) for c in cols]
-        extra = [-sum(s * d for s, d in zip(scale_arr, derivs, strict=True))]
+        _, scale_arr, _ = problem.solve(problem.design(cols))
+        derivs = np.gradient(np.column_stack(cols), step, axis=0)  # (n, P)
+        extra = [-(derivs @ scale_arr)]
         if config.max_lattice_strain > 0:
-            extra += [-s * dshift_dstrain * d for s, d in zip(scale_arr, derivs, strict=True)]
-        a = np.column_stack(
-            [*(c * problem.sw for c in cols), *(e * problem.sw for e in extra), problem.basis_w]
-        )
-        coef, *_ = np.linalg.lstsq(a, problem.yw, rcond=None)
-        deltas = coef[len(cols) : len(cols) + len(extra)]
+            extra += list((-(dshift_dstrain[:, None] * derivs) * scale_arr).T)
+        a = problem.design([*cols, *extra])  # (n, P + 1 [+ P])
+        coef = _lsq(a.T @ a, a.T @ problem.y_perp, a, problem.y_perp)
+        deltas = coef[len(cols) :]
         zero = float(np.clip(zero + deltas[0], -config.max_zero_shift, config.max_zero_shift))
         for i, pid in enumerate(ids):
             if config.max_lattice_strain > 0 and scale_arr[i] > 0:
@@ -188,25 +288,34 @@ def fit_phases(
                 )
 
     if ids:
-        base = columns(size, 0.0, strains)
+        base = np.column_stack(columns(size, 0.0, strains))  # (n, P)
         # coarse zero shift by translating the rendered columns: brings peaks into the linear regime
         if config.max_zero_shift > 0:
             n_side = int(np.ceil(config.max_zero_shift / _COARSE_ZERO_STEP))
             trials = np.linspace(-config.max_zero_shift, config.max_zero_shift, 2 * n_side + 1)
-            zero = float(min(trials, key=lambda d: problem.solve([_shifted(c, grid, d) for c in base])[0]))
+            # (T, n, P) weighted and projected in one batch; then one small solve per trial
+            shifted = problem.project(_translated(base, trials, step) * problem.sw[:, None])
+            shifted_t = shifted.transpose(0, 2, 1)  # (T, P, n)
+            grams, rhs = shifted_t @ shifted, shifted_t @ problem.y_perp  # (T, P, P), (T, P)
+            rwps = [problem.solve(d, g, b)[0] for d, g, b in zip(shifted, grams, rhs, strict=True)]
+            zero = float(trials[int(np.argmin(rwps))])
         for _ in range(2):
             gauss_newton(columns(size, zero, strains))
-        size = min(config.crystallite_grid_nm, key=lambda s: problem.solve(columns(s, zero, strains))[0])
+        size = min(
+            config.crystallite_grid_nm,
+            key=lambda s: problem.solve(problem.design(columns(s, zero, strains)))[0],
+        )
         gauss_newton(columns(size, zero, strains))
 
-    final_cols = columns(size, zero, strains) if ids else []
-    rwp, scale_arr, model = problem.solve(final_cols)
+    design = problem.design(columns(size, zero, strains) if ids else [])  # (n, P)
+    rwp, scale_arr, resid = problem.solve(design)
+    model = (problem.yw - resid) / problem.sw
     scales = dict(zip(ids, scale_arr.tolist(), strict=True))
     span = rwp_bg - rexp
     quality = float(np.clip((rwp_bg - rwp) / span, 0.0, 1.0)) if span > 0 else 0.0
     superfluous = []
     for i, pid in enumerate(ids):
-        without = problem.solve(final_cols[:i] + final_cols[i + 1 :])[0]
+        without = problem.solve(np.delete(design, i, axis=1))[0]
         if span <= 0 or (without - rwp) < config.min_gain * span:
             superfluous.append(pid)
     reward = max(0.0, quality - config.penalty * len(superfluous))
