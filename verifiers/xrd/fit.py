@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from labrl.verifiers.xrd.library import Phase, load_library
 from labrl.verifiers.xrd.mixture import weight_fractions
-from labrl.verifiers.xrd.profile import Instrument, chebyshev_basis, phase_sticks, render, rescale_positions
+from labrl.verifiers.xrd.profile import Instrument, chebyshev_basis, phase_sticks, render_phases
 
 _COARSE_ZERO_STEP = 0.03  # degrees; below the narrowest peak width, so the linearised steps converge
 
@@ -158,8 +158,8 @@ class _Problem:
 def _orthonormal(a: np.ndarray) -> np.ndarray:
     """Q (n, K) with span(Q) = span(a) and QᵀQ = I: Cholesky QR, done twice for orthogonality to ε."""
     for _ in range(2):
-        r = np.linalg.cholesky(a.T @ a)  # lower triangular L, aᵀa = L Lᵀ
-        a = np.linalg.solve(r, a.T).T  # a L⁻ᵀ
+        chol = np.linalg.cholesky(a.T @ a)  # aᵀa = L Lᵀ, (K, K)
+        a = a @ np.linalg.inv(chol).T  # a L⁻ᵀ
     return a
 
 
@@ -185,25 +185,21 @@ def _lsq(gram: np.ndarray, rhs: np.ndarray, design: np.ndarray, target: np.ndarr
 
 
 class _Columns:
-    """Rendered phase columns P_p(2θ; zero, a_p, L), memoised within one fit."""
+    """Rendered phase columns P_p(2θ; zero, a_p, L) of all claimed phases, memoised within one fit."""
 
     def __init__(self, ids: tuple[str, ...], instrument: Instrument, grid: np.ndarray):
+        self.ids = ids
         self.instrument = instrument
         self.grid = grid
-        self.sticks = {pid: _sticks(pid, instrument) for pid in ids}
-        self.cache: dict[tuple[str, float, float, float], np.ndarray] = {}
-        self.shifted: dict[float, Instrument] = {}
+        self.sticks = [_sticks(pid, instrument) for pid in ids]
+        self.cache: dict[tuple[float, float, tuple[float, ...]], list[np.ndarray]] = {}
 
-    def render(self, pid: str, size: float, zero: float, strain: float) -> np.ndarray:
-        key = (pid, size, zero, strain)
+    def render(self, size: float, zero: float, strains: dict[str, float]) -> list[np.ndarray]:
+        scales = tuple(strains[pid] for pid in self.ids)
+        key = (size, zero, scales)
         if key not in self.cache:
-            inst = self.shifted.get(zero)
-            if inst is None:
-                inst = self.instrument.model_copy(update={"zero_shift": self.instrument.zero_shift + zero})
-                self.shifted[zero] = inst
-            pos, inten = self.sticks[pid]
-            positions = rescale_positions(pos, strain, self.instrument.wavelength_ka1)
-            self.cache[key] = render(inst, positions, inten, crystallite_nm=size, grid=self.grid)
+            inst = self.instrument.model_copy(update={"zero_shift": self.instrument.zero_shift + zero})
+            self.cache[key] = render_phases(inst, self.sticks, list(scales), crystallite_nm=size, grid=self.grid)
         return self.cache[key]
 
 
@@ -259,7 +255,7 @@ def fit_phases(
     step = grid[1] - grid[0]
 
     def columns(at_size: float, at_zero: float, strain: dict[str, float]) -> list[np.ndarray]:
-        return [renderer.render(pid, at_size, at_zero, strain[pid]) for pid in ids]
+        return renderer.render(at_size, at_zero, strain)
 
     def gauss_newton(cols: list[np.ndarray]) -> None:
         """One linearised update of the zero shift and the lattice strains.

@@ -192,6 +192,49 @@ def render(
     return _pseudo_voigt_sum(grid, centres, areas, fwhm, eta, instrument.window_fwhm)
 
 
+def render_phases(
+    instrument: Instrument,
+    sticks: list[tuple[np.ndarray, np.ndarray]],
+    lattice_scales: list[float],
+    *,
+    crystallite_nm: float | None = None,
+    grid: np.ndarray | None = None,
+) -> list[np.ndarray]:
+    """``render`` of several phases' Kα1 sticks after ``rescale_positions``: one profile (n,) each.
+
+    The per-reflection physics (rescaling, doublet, shifts, widths) runs once on
+    all phases' sticks together; the peak sums stay per phase, so each profile
+    equals ``render(instrument, rescale_positions(pos, scale, λ1), intensity, ...)``.
+    """
+    grid = instrument.grid() if grid is None else grid
+    counts = [len(pos) for pos, _ in sticks]
+    label = np.repeat(np.arange(len(sticks)), counts)  # (S,) phase of each stick
+    scale = np.repeat(np.asarray(lattice_scales, dtype=float), counts)  # (S,)
+    pos = np.concatenate([p for p, _ in sticks]) if sticks else np.zeros(0)
+    inten = np.concatenate([i for _, i in sticks]) if sticks else np.zeros(0)
+    sin = np.sin(np.radians(pos / 2.0)) / scale  # rescale_positions, vectorised over phases
+    ok = sin < 1.0
+    label, inten = label[ok], inten[ok]
+    two_theta = np.degrees(2.0 * np.arcsin(sin[ok]))
+    labels, positions, weights = [label], [two_theta], [inten]
+    if instrument.ka2_ratio > 0:
+        sin2 = np.sin(np.radians(two_theta / 2.0)) * instrument.wavelength_ka2 / instrument.wavelength_ka1
+        ok2 = sin2 < 1.0
+        labels.append(label[ok2])
+        positions.append(np.degrees(2.0 * np.arcsin(sin2[ok2])))
+        weights.append(inten[ok2] * instrument.ka2_ratio)
+    label = np.concatenate(labels)
+    order = np.argsort(label, kind="stable")  # per phase: its Kα1 peaks, then its Kα2 peaks, as ``render``
+    centres = instrument.shift(np.concatenate(positions)[order])  # (P2,)
+    areas = np.concatenate(weights)[order]  # (P2,)
+    fwhm, eta = instrument.fwhm_eta(centres, crystallite_nm)  # (P2,), (P2,)
+    bounds = np.searchsorted(label[order], np.arange(len(sticks) + 1)).tolist()
+    return [
+        _pseudo_voigt_sum(grid, centres[a:b], areas[a:b], fwhm[a:b], eta[a:b], instrument.window_fwhm)
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+    ]
+
+
 _BLOCK_ELEMENTS = 16384  # peaks are evaluated in blocks of about this many (peak, point) pairs (~128 kB)
 
 
