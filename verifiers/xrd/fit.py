@@ -185,21 +185,24 @@ def _lsq(gram: np.ndarray, rhs: np.ndarray, design: np.ndarray, target: np.ndarr
 
 
 class _Columns:
-    """Rendered phase columns P_p(2θ; zero, a_p, L) of all claimed phases, memoised within one fit."""
+    """Phase columns P_p(2θ; zero, a_p, L) of all claimed phases and their projected design (n, P),
+    memoised within one fit (the refinement revisits the size it picked)."""
 
-    def __init__(self, ids: tuple[str, ...], instrument: Instrument, grid: np.ndarray):
+    def __init__(self, ids: tuple[str, ...], instrument: Instrument, grid: np.ndarray, problem: _Problem):
         self.ids = ids
         self.instrument = instrument
         self.grid = grid
+        self.problem = problem
         self.sticks = [_sticks(pid, instrument) for pid in ids]
-        self.cache: dict[tuple[float, float, tuple[float, ...]], list[np.ndarray]] = {}
+        self.cache: dict[tuple[float, float, tuple[float, ...]], tuple[list[np.ndarray], np.ndarray]] = {}
 
-    def render(self, size: float, zero: float, strains: dict[str, float]) -> list[np.ndarray]:
+    def get(self, size: float, zero: float, strains: dict[str, float]) -> tuple[list[np.ndarray], np.ndarray]:
         scales = tuple(strains[pid] for pid in self.ids)
         key = (size, zero, scales)
         if key not in self.cache:
             inst = self.instrument.model_copy(update={"zero_shift": self.instrument.zero_shift + zero})
-            self.cache[key] = render_phases(inst, self.sticks, list(scales), crystallite_nm=size, grid=self.grid)
+            cols = render_phases(inst, self.sticks, list(scales), crystallite_nm=size, grid=self.grid)
+            self.cache[key] = (cols, self.problem.design(cols))
         return self.cache[key]
 
 
@@ -242,7 +245,7 @@ def fit_phases(
         np.asarray(counts, dtype=float), chebyshev_basis(instrument, config.background_degree, grid)
     )
     ids = tuple(p.id for p in phases)
-    renderer = _Columns(ids, instrument, grid)
+    renderer = _Columns(ids, instrument, grid, problem)
     rwp_bg = problem.rwp(problem.y_perp)
     n_params = len(ids) + config.background_degree + 1
     rexp = float(np.sqrt(max(len(grid) - n_params, 1) / problem.norm))
@@ -254,22 +257,19 @@ def fit_phases(
     dshift_dstrain = -np.degrees(2.0 * np.tan(np.radians(grid / 2.0)))  # (n,)
     step = grid[1] - grid[0]
 
-    def columns(at_size: float, at_zero: float, strain: dict[str, float]) -> list[np.ndarray]:
-        return renderer.render(at_size, at_zero, strain)
-
-    def gauss_newton(cols: list[np.ndarray]) -> None:
+    def gauss_newton(cols: list[np.ndarray], design: np.ndarray) -> None:
         """One linearised update of the zero shift and the lattice strains.
 
         P(x − δ) ≈ P(x) − δ P'(x): the shifts enter as extra linear columns
         −Σ S_p P'_p (zero shift) and −S_p (dδ/dε) P'_p (strain of phase p).
         """
         nonlocal zero
-        _, scale_arr, _ = problem.solve(problem.design(cols))
+        _, scale_arr, _ = problem.solve(design)
         derivs = np.gradient(np.column_stack(cols), step, axis=0)  # (n, P)
         extra = [-(derivs @ scale_arr)]
         if config.max_lattice_strain > 0:
             extra += list((-(dshift_dstrain[:, None] * derivs) * scale_arr).T)
-        a = problem.design([*cols, *extra])  # (n, P + 1 [+ P])
+        a = np.hstack([design, problem.design(extra)])  # (n, P + 1 [+ P])
         coef = _lsq(a.T @ a, a.T @ problem.y_perp, a, problem.y_perp)
         deltas = coef[len(cols) :]
         zero = float(np.clip(zero + deltas[0], -config.max_zero_shift, config.max_zero_shift))
@@ -284,7 +284,7 @@ def fit_phases(
                 )
 
     if ids:
-        base = np.column_stack(columns(size, 0.0, strains))  # (n, P)
+        base = np.column_stack(renderer.get(size, 0.0, strains)[0])  # (n, P)
         # coarse zero shift by translating the rendered columns: brings peaks into the linear regime
         if config.max_zero_shift > 0:
             n_side = int(np.ceil(config.max_zero_shift / _COARSE_ZERO_STEP))
@@ -296,14 +296,14 @@ def fit_phases(
             rwps = [problem.solve(d, g, b)[0] for d, g, b in zip(shifted, grams, rhs, strict=True)]
             zero = float(trials[int(np.argmin(rwps))])
         for _ in range(2):
-            gauss_newton(columns(size, zero, strains))
+            gauss_newton(*renderer.get(size, zero, strains))
         size = min(
             config.crystallite_grid_nm,
-            key=lambda s: problem.solve(problem.design(columns(s, zero, strains)))[0],
+            key=lambda s: problem.solve(renderer.get(s, zero, strains)[1])[0],
         )
-        gauss_newton(columns(size, zero, strains))
+        gauss_newton(*renderer.get(size, zero, strains))
 
-    design = problem.design(columns(size, zero, strains) if ids else [])  # (n, P)
+    design = renderer.get(size, zero, strains)[1] if ids else problem.design([])  # (n, P)
     rwp, scale_arr, resid = problem.solve(design)
     model = (problem.yw - resid) / problem.sw
     scales = dict(zip(ids, scale_arr.tolist(), strict=True))
