@@ -28,7 +28,7 @@ elements; seconds to minutes, run in a killable subprocess; optional extra
 when the task is created rather than mid-run.
 
 All functions here are module-level and picklable: they run in worker
-processes (``labrl.envs.offload``).
+processes (``labrl.offload``).
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from labrl.envs.offload import run_cpu
+from labrl.offload import run_cpu
 from labrl.errors import ConfigError, LabrlError
 from labrl.lab_adapters import simlab
 from labrl.lab_adapters.mock_store import MockJob, MockStore

@@ -17,7 +17,7 @@ import itertools
 from collections import OrderedDict
 from typing import Any
 
-from labrl.envs.offload import run_cpu, run_killable
+from labrl.offload import run_cpu, run_killable
 from labrl.errors import LabJobError, LabRejectedError, LabrlError, LabTimeoutError
 from labrl.lab_adapters.calculators import BACKENDS, execute_calculation, validate_calculation
 from labrl.lab_adapters.protocol import JobRef, JobState, JobStatus, request_hash

@@ -32,7 +32,7 @@ from pydantic import ValidationError
 
 from labrl.envs.actions import format_tool_call
 from labrl.envs.base import Env
-from labrl.envs.offload import run_cpu
+from labrl.offload import run_cpu
 from labrl.envs.types import (
     Action,
     Budgets,
@@ -46,7 +46,7 @@ from labrl.envs.types import (
     ToolSpec,
 )
 from labrl.envs.xrd.measure import observe
-from labrl.envs.xrd.tasks import PhaseIdConfig, build_task_prompt, render_prompt
+from labrl.envs.xrd.tasks import PhaseIdConfig, build_task_prompt, candidate_answer, render_prompt
 from labrl.errors import ConfigError, EnvError, InvalidActionError
 from labrl.verifiers.xrd.answer import FORMAT_HINT, ClaimedPhase, parse_answer
 from labrl.verifiers.xrd.fit import FitResult, fit_phase_ids
@@ -198,7 +198,7 @@ class PhaseIdEnv(Env):
 
     def gold_text(self, task: Task) -> str:
         if "letter" in task.answer:
-            return task.answer["letter"]
+            return candidate_answer(task.prompt["candidates"], task.answer["letter"], self.config.answer_format)
         return self._answer_text(task.answer["phases"], with_weights=len(task.answer["phases"]) > 1)
 
     def gold_actions(self, task: Task) -> Sequence[Action] | None:
@@ -206,7 +206,8 @@ class PhaseIdEnv(Env):
 
     def random_text(self, task: Task, rng: random.Random) -> str:
         if task.prompt.get("candidates"):
-            return rng.choice(sorted(task.prompt["candidates"]))
+            letter = rng.choice(sorted(task.prompt["candidates"]))
+            return candidate_answer(task.prompt["candidates"], letter, self.config.answer_format)
         library = load_library()
         pool = library.search(task.prompt["elements"]) or list(library)
         n = len(task.answer["phases"])

@@ -8,7 +8,9 @@ Tiers (``PhaseIdConfig.tier``):
 
 1. one phase; the prompt lists ``n_candidates`` candidates (A, B, ...) that
    share elements with the answer where the library allows; a clean, fixed
-   instrument. Answer: the letter.
+   instrument. Answer: the letter (or, with ``answer_format="formula"``,
+   the candidate's formula; its space group too only where the formula
+   alone would be ambiguous, see ``candidate_answer``).
 2. one phase; only the elements are given; instrument zero shift, sample
    displacement and crystallite size vary. Answer: formula (+ space group).
 3. two or three phases from related chemistry with weight fractions ≥ 0.1;
@@ -37,6 +39,7 @@ from labrl.verifiers.xrd.profile import Instrument, PreferredOrientation
 
 _SALT = 0x58524431  # "XRD1"
 RewardMode = Literal["label", "label_free", "blend"]
+AnswerFormat = Literal["letter", "formula"]
 
 
 class PhaseIdConfig(BaseModel):
@@ -47,6 +50,11 @@ class PhaseIdConfig(BaseModel):
     tier: Literal[1, 2, 3] = 1
     n_peaks: int = Field(default=6, ge=1, le=40, description="peaks listed in the prompt")
     n_candidates: int = Field(default=4, ge=2, le=8, description="tier 1: candidate phases listed")
+    answer_format: AnswerFormat = Field(
+        default="letter",
+        description="tier 1: ask for the candidate's letter, or for its formula (identify the phase "
+        "directly instead of looking up which letter holds it; gold and random actions follow)",
+    )
     show_widths: bool = Field(default=False, description="list peak FWHM next to 2θ and intensity")
     profile_points: int = Field(default=0, ge=0, le=400, description="append a downsampled profile (0 = off)")
     reward_mode: RewardMode = "label"
@@ -196,6 +204,23 @@ def build_task_prompt(
     return prompt, answer
 
 
+def candidate_answer(candidates: dict[str, str], letter: str, answer_format: AnswerFormat) -> str:
+    """The reply naming candidate ``letter`` in ``answer_format``.
+
+    A formula gets its space-group symbol appended only when the formula alone
+    would not name one candidate: another candidate shares it, or it reads as a
+    candidate letter (boron ``B`` among letters A-D).
+    """
+    if answer_format == "letter":
+        return letter
+    library = load_library()
+    phase = library.get(candidates[letter])
+    clash = phase.formula in candidates or any(
+        library.get(v).formula == phase.formula for k, v in candidates.items() if k != letter
+    )
+    return f"{phase.formula} {phase.spacegroup_symbol}" if clash else phase.formula
+
+
 def render_prompt(config: PhaseIdConfig, prompt: dict[str, Any], observed: dict[str, Any]) -> str:
     """The user message: a compact peak list and the question for the tier."""
     library = load_library()
@@ -215,7 +240,7 @@ def render_prompt(config: PhaseIdConfig, prompt: dict[str, Any], observed: dict[
             f"{k}) {library.get(v).formula} {library.get(v).spacegroup_symbol}"
             for k, v in prompt["candidates"].items()
         )
-        lines.append(f"{options}\nAnswer with the letter.")
+        lines.append(f"{options}\nAnswer with the {config.answer_format}.")
     elif tier == 2:
         lines.append(
             f"Elements: {', '.join(prompt['elements'])}. One phase. Answer JSON: "

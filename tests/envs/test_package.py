@@ -45,3 +45,23 @@ def test_errors_pickle_and_subclass_builtins():
         assert isinstance(exc, builtin)
         again = pickle.loads(pickle.dumps(exc))
         assert type(again) is error and str(again) == "what to fix"
+
+
+def test_dependencies_point_one_way():
+    """harness -> envs -> verifiers, lab_adapters (ARCHITECTURE.md): no module imports upward."""
+    import ast
+
+    forbidden = {
+        "verifiers": ("labrl.envs", "labrl.harness", "labrl.lab_adapters"),
+        "lab_adapters": ("labrl.envs", "labrl.harness"),
+        "envs": ("labrl.harness",),
+    }
+    offenders = []
+    for folder, banned in forbidden.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    names = [node.module]
+                offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.startswith(banned)]
+    assert offenders == []

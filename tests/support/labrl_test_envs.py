@@ -13,7 +13,7 @@ import time
 from typing import Any, ClassVar
 
 from labrl.envs import Action, Budgets, Env, EnvSpec, Message, Observation, StepResult, Task, ToolSpec
-from labrl.envs.offload import run_cpu, run_killable
+from labrl.offload import run_cpu, run_killable
 from labrl.errors import InvalidActionError, TransientEnvError, VerifierError
 
 WORDS = (

@@ -1,5 +1,6 @@
 """Run work off the event loop: CPU-heavy work in a process pool, hang-prone
-work in a killable subprocess with a deadline.
+work in a killable subprocess with a deadline. Shared by envs, verifiers and
+lab adapters, so it lives at the namespace root (no layer imports upward).
 
 One slow episode must never stall the thousands of others sharing the loop:
 
