@@ -63,8 +63,8 @@ class SleepEnv(Env):
             id="bench/sleep-v0", budgets=Budgets(max_turns=STEPS_PER_EPISODE, step_timeout_s=600)
         )
         self.latency, self.mean_s = latency, mean_s
-        self.mu, self.sigma = lognormal_params(mean_s)
-        self.rng = random.Random()
+        self.mu, self.sigma = lognormal_params(mean_s) if latency == "lognormal" else (0.0, 0.0)
+        self.rng = random.Random() if latency == "lognormal" else None
         self.slept: list[float] = []
         self.finished_at: list[float] = []  # loop time at which each step's latency ended
 
@@ -72,7 +72,7 @@ class SleepEnv(Env):
         return Task(env_id=self.spec.id, split=split, seed=seed, task_id=f"{split}-{seed}")
 
     async def reset(self, task: Task) -> Observation:
-        if self.latency != "constant":
+        if self.rng is not None:
             self.rng.seed(task.seed)
         self.turn = 0
         return Observation(messages=(Message(role="user", content="go"),))
