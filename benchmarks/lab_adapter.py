@@ -54,7 +54,7 @@ async def run(name: str, jobs: int, latency: float, faults: FaultConfig, restart
             backoff_base_s=0.05,
             backoff_max_s=1.0,
             rate_limit_per_s=None,
-            max_concurrency=128,
+            max_concurrency=32,
             breaker_threshold=50,
             breaker_reset_s=0.5,
             seed=0,

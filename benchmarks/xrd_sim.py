@@ -1,6 +1,7 @@
 """XRD simulation benchmark: labrl vs pymatgen XRDCalculator, in the same run.
 
-    OMP_NUM_THREADS=1 python benchmarks/xrd_sim.py [--mixtures 1000] [--ranking 40]
+    OMP_NUM_THREADS=1 python benchmarks/xrd_sim.py [--mixtures 1000] [--scoring 30] [--ranking 100]
+        [--parts sticks,mixtures,scoring,ranking]
 
 Measures, single-threaded:
 1. stick patterns for every library phase: ms per structure for labrl and for
@@ -8,7 +9,10 @@ Measures, single-threaded:
    relative to the strongest peak);
 2. noisy mixture profiles (1–3 phases, Hill–Howard scaling, Kα doublet,
    Poisson): ms per profile;
-3. label-free scoring (full-profile fit) of 3-phase answers: ms per answer;
+3. label-free scoring (full-profile fit) of 3-phase answers: ms per answer, for
+   ``fit_phase_ids`` and for the straightforward reference implementation
+   (``_fit_reference``) interleaved on the same answers, wall and CPU time, and
+   their largest disagreement;
 4. the ranking study (label-free reward of the true set vs hard wrong sets).
 Writes benchmarks/results/xrd_sim.json and a PNG of the per-structure times.
 """
@@ -85,33 +89,60 @@ def bench_mixtures(n: int) -> dict:
     return {"n_profiles": n, "ms_per_profile": 1e3 * dt / n}
 
 
-def bench_scoring(n: int) -> dict:
+def bench_scoring(n: int, repeats: int = 3) -> dict:
+    """Label-free scoring of true 3-phase answers: ``fit_phase_ids`` against the straightforward
+    reference implementation (``_fit_reference``), interleaved on the same answers in the same run."""
     from labrl.envs.xrd.measure import observe
     from labrl.envs.xrd.tasks import PhaseIdConfig, build_task_prompt
+    from labrl.verifiers.xrd._fit_reference import fit_phase_ids_reference
     from labrl.verifiers.xrd.fit import fit_phase_ids
     from labrl.verifiers.xrd.profile import Instrument
 
-    times, seed = [], 0
-    while len(times) < n:
+    wall = {"fast": [], "reference": []}
+    cpu = {"fast": [], "reference": []}
+    max_dev = {"reward": 0.0, "rwp_rel": 0.0, "weight_fraction": 0.0}
+    seed, answers = 0, 0
+    while answers < n:
         prompt, answer = build_task_prompt(PhaseIdConfig(tier=3), "test", seed)
         seed += 1
         if len(answer["phases"]) != 3:
             continue
+        answers += 1
         obs = observe(prompt["sample"], prompt["noise_seed"], 6, 0)
         inst = Instrument.model_validate(prompt["sample"]["instrument"]).model_copy(
             update={"zero_shift": 0.0, "displacement_mm": 0.0}
         )
         ids = tuple(p["id"] for p in answer["phases"])
-        fit_phase_ids(
-            obs["two_theta"], obs["counts"], ids, inst
-        )  # warm the stick cache, as a running env has
-        t0 = time.perf_counter()
-        fit_phase_ids(obs["two_theta"], obs["counts"], ids, inst)
-        times.append(time.perf_counter() - t0)
+        args = (obs["two_theta"], obs["counts"], ids, inst)
+        # first calls warm the stick cache, as a running env has; they also give the deviations
+        fast, ref = fit_phase_ids(*args), fit_phase_ids_reference(*args)
+        max_dev["reward"] = max(max_dev["reward"], abs(fast.reward - ref.reward))
+        max_dev["rwp_rel"] = max(max_dev["rwp_rel"], abs(fast.rwp - ref.rwp) / ref.rwp)
+        max_dev["weight_fraction"] = max(
+            max_dev["weight_fraction"],
+            max(abs(fast.weight_fractions[k] - ref.weight_fractions[k]) for k in ids),
+        )
+        for _ in range(repeats):
+            for name, fn in (("fast", fit_phase_ids), ("reference", fit_phase_ids_reference)):
+                w0, c0 = time.perf_counter(), time.process_time()
+                fn(*args)
+                wall[name].append(time.perf_counter() - w0)
+                cpu[name].append(time.process_time() - c0)
+
+    def stats(times: list[float]) -> dict:
+        return {"median": 1e3 * float(np.median(times)), "p90": 1e3 * float(np.percentile(times, 90))}
+
     return {
         "n_answers": n,
-        "ms_per_3phase_answer_median": 1e3 * float(np.median(times)),
-        "ms_per_3phase_answer_p90": 1e3 * float(np.percentile(times, 90)),
+        "repeats": repeats,
+        "ms_per_3phase_answer_median": stats(wall["fast"])["median"],
+        "ms_per_3phase_answer_p90": stats(wall["fast"])["p90"],
+        "wall_ms": {k: stats(v) for k, v in wall.items()},
+        "cpu_ms": {k: stats(v) for k, v in cpu.items()},
+        "speedup_median_wall": float(np.median(wall["reference"]) / np.median(wall["fast"])),
+        "speedup_median_cpu": float(np.median(cpu["reference"]) / np.median(cpu["fast"])),
+        "max_deviation_vs_reference": max_dev,
+        "load_average_1_5_15": list(os.getloadavg()),
     }
 
 
@@ -135,19 +166,37 @@ def main() -> None:
     parser.add_argument("--mixtures", type=int, default=1000)
     parser.add_argument("--scoring", type=int, default=30)
     parser.add_argument("--ranking", type=int, default=100)
+    parser.add_argument(
+        "--parts",
+        default="sticks,mixtures,scoring,ranking",
+        help="comma-separated subset to measure; the others keep their values in the JSON",
+    )
     args = parser.parse_args()
-    out = {
-        "machine": {
-            "python": platform.python_version(),
-            "cpu_count": os.cpu_count(),
-            "note": "shared, contended CPU",
-        },
-        "sticks": bench_sticks(),
-        "mixtures": bench_mixtures(args.mixtures),
-        "scoring": bench_scoring(args.scoring),
-        "ranking": bench_ranking(args.ranking),
+    parts = set(args.parts.split(","))
+    unknown = parts - {"sticks", "mixtures", "scoring", "ranking"}
+    if unknown:
+        parser.error(f"unknown --parts {sorted(unknown)}")
+    path = RESULTS / "xrd_sim.json"
+    everything = {"sticks", "mixtures", "scoring", "ranking"}
+    out = json.loads(path.read_text()) if path.exists() and parts != everything else {}
+    out["machine"] = {
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "note": "shared, contended CPU",
     }
+    if "sticks" in parts:
+        out["sticks"] = bench_sticks()
+    if "mixtures" in parts:
+        out["mixtures"] = bench_mixtures(args.mixtures)
+    if "scoring" in parts:
+        out["scoring"] = bench_scoring(args.scoring)
+    if "ranking" in parts:
+        out["ranking"] = bench_ranking(args.ranking)
+    missing = everything - set(out)
+    if missing:
+        parser.error(f"no earlier results for {sorted(missing)}: measure them too")
     s = out["sticks"]
+    sc = out["scoring"]
     rows = [
         ("stick patterns, library", f"{s['n_structures']} structures"),
         ("labrl ms / structure", f"{s['labrl_ms_per_structure']:.2f}"),
@@ -157,7 +206,11 @@ def main() -> None:
         ("max |ΔI| / I_max", f"{s['max_dev_rel_intensity']:.1e}"),
         ("mixture profiles", f"{out['mixtures']['n_profiles']} at {out['mixtures']['ms_per_profile']:.2f} ms each"),
         ("label-free score, 3 phases (median / p90 ms)",
-         f"{out['scoring']['ms_per_3phase_answer_median']:.1f} / {out['scoring']['ms_per_3phase_answer_p90']:.1f}"),
+         f"{sc['ms_per_3phase_answer_median']:.1f} / {sc['ms_per_3phase_answer_p90']:.1f}"),
+        ("  reference implementation, same run (median / p90 ms)",
+         f"{sc['wall_ms']['reference']['median']:.1f} / {sc['wall_ms']['reference']['p90']:.1f}"),
+        ("  speed-up, median wall / CPU", f"{sc['speedup_median_wall']:.2f}x / {sc['speedup_median_cpu']:.2f}x"),
+        ("  max |Δreward| vs reference", f"{sc['max_deviation_vs_reference']['reward']:.1e}"),
         ("true set ranked first (label-free)",
          f"{out['ranking']['fraction_true_set_ranked_first']:.3f} of {out['ranking']['n_tasks']} tasks"),
     ]  # fmt: skip
@@ -165,8 +218,10 @@ def main() -> None:
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    per = s.pop("_per_structure")
-    (RESULTS / "xrd_sim.json").write_text(json.dumps(out, indent=2))
+    per = s.pop("_per_structure", None)
+    path.write_text(json.dumps(out, indent=2))
+    if per is None:  # sticks not measured in this run: keep the earlier plot
+        return
     import matplotlib
 
     matplotlib.use("Agg")

@@ -17,4 +17,6 @@ def register_builtin_envs() -> None:
     register("xrd/phase-id-tools-v0", entry_point="labrl.envs.xrd:PhaseIdToolsEnv")
     register("sim/lattice-constant-v0", entry_point="labrl.envs.sim:LatticeConstantEnv")
     register("sim/structure-search-v0", entry_point="labrl.envs.sim:StructureSearchEnv")
+    register("lab/synthesis-v0", entry_point="labrl.envs.lab:SynthesisEnv")
+    register("lab/synthesis-multiturn-v0", entry_point="labrl.envs.lab:SynthesisMultiTurnEnv")
     pass

@@ -261,6 +261,7 @@ def write_tokenizer_files(path: Path) -> None:
         json.dumps(
             {
                 "tokenizer_class": "PreTrainedTokenizerFast",
+                "chat_template": chat_template(),
                 "model_max_length": 1 << 20,
                 "pad_token": "<|pad|>",
                 "eos_token": "<|im_end|>",
@@ -269,6 +270,42 @@ def write_tokenizer_files(path: Path) -> None:
             },
             indent=1,
         )
+    )
+
+
+def chat_template() -> str:
+    """ByteTokenizer's ChatML as a Jinja chat template (transformers' ``apply_chat_template``).
+
+    Renders exactly what ``ByteTokenizer.chat_prompt`` tokenises: each message
+    as ``<|im_start|>{role}\\n{content}<|im_end|>\\n``, the tool block of
+    ``labrl.harness.tokenizer.tools_system_text`` appended to the system
+    message (an empty one is added when tools come without it), each tool's
+    JSON with sorted keys and ASCII escapes like ``json.dumps``.
+    """
+    from labrl.harness.tokenizer import tools_system_text
+
+    # the block around the tool lines, taken from the byte tokenizer's own text
+    head, tail = tools_system_text([]).split("\n</tools>", 1)
+    tail = "\n</tools>" + tail
+
+    def lit(text: str) -> str:
+        return json.dumps(text)  # a JSON string is a valid Jinja string literal
+
+    tools_block = (
+        "{%- macro tools_text() -%}{{ " + lit(head) + " }}"
+        "{%- for t in tools -%}{%- if not loop.first -%}{{ '\\n' }}{%- endif -%}"
+        "{{ (t.function if t.function is defined else t) | tojson(ensure_ascii=True, sort_keys=True) }}"
+        "{%- endfor -%}{{ " + lit(tail) + " }}{%- endmacro -%}"
+    )
+    return (
+        tools_block + "{%- if tools and (messages | length == 0 or messages[0].role != 'system') -%}"
+        "{{ '<|im_start|>system\\n' + tools_text() + '<|im_end|>\\n' }}{%- endif -%}"
+        "{%- for m in messages -%}"
+        "{{ '<|im_start|>' + m.role + '\\n' + m.content }}"
+        "{%- if m.role == 'system' and tools -%}{{ tools_text() }}{%- endif -%}"
+        "{{ '<|im_end|>\\n' }}"
+        "{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
     )
 
 

@@ -190,7 +190,8 @@ class HFTokenizer:
         return tuple(sorted(i for i in ids if i is not None))
 
     def encode(self, text: str) -> list[int]:
-        return list(self._tok.encode(text, add_special_tokens=False))
+        # like ByteTokenizer: typed special-token strings stay text, never turn boundaries
+        return list(self._tok.encode(text, add_special_tokens=False, split_special_tokens=True))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

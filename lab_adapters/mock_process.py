@@ -65,17 +65,19 @@ class MockLabProcess:
         )
         log.close()
         deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise LabTransportError(
-                    f"mock lab exited with code {self.process.returncode}: {self.log_tail()}"
-                )
-            try:
-                if httpx.get(self.url + "/healthz", timeout=1.0).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
+        # one client for the whole wait: httpx.get() would build a new client (and SSL context) per try
+        with httpx.Client(timeout=1.0) as probe:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise LabTransportError(
+                        f"mock lab exited with code {self.process.returncode}: {self.log_tail()}"
+                    )
+                try:
+                    if probe.get(self.url + "/healthz").status_code == 200:
+                        return self
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.05)
         self.stop()
         raise LabTransportError(
             f"mock lab did not come up within {self.startup_timeout_s:g} s: {self.log_tail()}"

@@ -48,14 +48,14 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from labrl.offload import run_cpu
 from labrl.errors import ConfigError, LabrlError
 from labrl.lab_adapters import simlab
 from labrl.lab_adapters.mock_store import MockJob, MockStore
 from labrl.lab_adapters.protocol import EventPage, JobState, JobStatus, request_hash
+from labrl.offload import run_cpu
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +164,11 @@ class FaultInjector:
         await self.app(scope, receive, send)
 
 
+def _json(model: BaseModel, status_code: int = 200) -> Response:
+    """``model`` serialised once by pydantic-core (FastAPI would validate it again against response_model)."""
+    return Response(model.model_dump_json(), status_code=status_code, media_type="application/json")
+
+
 async def _discard(message: dict[str, Any]) -> None:
     return None
 
@@ -254,11 +259,12 @@ class MockLab:
             return
         job.state, job.result, job.error = state, result, error
         job.completed_at = time.time()
-        self.store.save(job)
-        self.store.append_event(job)
-        if self.rng.random() < self.config.faults.duplicate_rate:
+        with self.store.transaction():
+            self.store.save(job)
             self.store.append_event(job)
-            self.store.bump("duplicate_events")
+            if self.rng.random() < self.config.faults.duplicate_rate:
+                self.store.append_event(job)
+                self.store.bump("duplicate_events")
         job.done.set()
         self._feed_changed.set()
         self._feed_changed = asyncio.Event()
@@ -281,8 +287,9 @@ class MockLab:
             if job.request_hash != rhash:
                 raise HTTPException(409, f"Idempotency-Key {key!r} was used for a different request")
             job.submits += 1
-            self.store.save(job)
-            self.store.bump("replayed_submits")
+            with self.store.transaction():
+                self.store.save(job)
+                self.store.bump("replayed_submits")
             return self._expire(job), False
         try:
             simlab.validate(request)
@@ -299,8 +306,9 @@ class MockLab:
             updated_at=now,
         )
         job.done = asyncio.Event()
-        self.store.insert(job)
-        self.store.bump("created")
+        with self.store.transaction():
+            self.store.insert(job)
+            self.store.bump("created")
         self._spawn(job)
         return job, True
 
@@ -393,7 +401,8 @@ def create_app(config: MockLabConfig) -> Any:
         description="A simulated autonomous lab: submit jobs, long-poll their status, read the completion feed.",
     )
 
-    def authorized(authorization: str | None = Header(default=None)) -> None:
+    # async: a sync dependency would cost a worker-thread hop on every request
+    async def authorized(authorization: str | None = Header(default=None)) -> None:
         if authorization is None or not authorization.startswith("Bearer "):
             raise HTTPException(401, "missing bearer token", headers={"WWW-Authenticate": "Bearer"})
         if not hmac.compare_digest(authorization.removeprefix("Bearer ").encode(), token.encode()):
@@ -413,7 +422,7 @@ def create_app(config: MockLabConfig) -> Any:
         body: Submission, request: Request, idempotency_key: str = Header(min_length=1, max_length=200)
     ) -> Any:
         job, _created = lab_of(request).submit(idempotency_key, body.request)
-        return job.status()
+        return _json(job.status(), 202)
 
     @app.get("/jobs", dependencies=auth)
     async def find(request: Request, idempotency_key: str = Query(min_length=1)) -> dict[str, Any]:
@@ -423,11 +432,11 @@ def create_app(config: MockLabConfig) -> Any:
 
     @app.get("/jobs/{job_id}", response_model=JobStatus, dependencies=auth)
     async def get_job(job_id: str, request: Request, wait: float = Query(default=0.0, ge=0)) -> Any:
-        return (await lab_of(request).wait(job_id, wait)).status()
+        return _json((await lab_of(request).wait(job_id, wait)).status())
 
     @app.post("/jobs/{job_id}/cancel", response_model=JobStatus, dependencies=auth)
     async def cancel(job_id: str, request: Request) -> Any:
-        return lab_of(request).cancel(job_id).status()
+        return _json(lab_of(request).cancel(job_id).status())
 
     @app.get("/events", response_model=EventPage, dependencies=auth)
     async def events(
@@ -436,7 +445,7 @@ def create_app(config: MockLabConfig) -> Any:
         wait: float = Query(default=0.0, ge=0),
         limit: int = Query(default=1000, ge=1, le=10000),
     ) -> Any:
-        return await lab_of(request).events(after, wait, limit)
+        return _json(await lab_of(request).events(after, wait, limit))
 
     @app.get("/stats", dependencies=auth)
     async def stats(request: Request) -> JSONResponse:
@@ -445,6 +454,41 @@ def create_app(config: MockLabConfig) -> Any:
     injector = FaultInjector(app, config.faults, random.Random(config.seed + 1), {})
     injector.openapi = app.openapi  # type: ignore[attr-defined]
     return injector
+
+
+class InProcessMockLab:
+    """The mock lab inside the running event loop, reached through ``httpx.ASGITransport``.
+
+    No socket and no child process, but the same app, auth, job store and
+    simulated lab: a ``RestLabAdapter`` built with ``transport=lab.transport()``
+    goes through its real request path (headers, idempotency keys, status
+    mapping). Used as the offline default of the lab envs and in tests.
+    """
+
+    def __init__(self, config: MockLabConfig) -> None:
+        self.config = config
+        self.asgi = create_app(config)
+        self._stack: contextlib.AsyncExitStack | None = None
+
+    @property
+    def lab(self) -> MockLab:
+        return self.asgi.app.state.lab
+
+    async def start(self) -> InProcessMockLab:
+        stack = contextlib.AsyncExitStack()
+        await stack.enter_async_context(self.asgi.app.router.lifespan_context(self.asgi.app))
+        self._stack = stack
+        return self
+
+    def transport(self) -> Any:
+        import httpx
+
+        return httpx.ASGITransport(app=self.asgi)
+
+    async def aclose(self) -> None:
+        if self._stack is not None:
+            await self._stack.aclose()
+            self._stack = None
 
 
 def serve(config: MockLabConfig) -> None:

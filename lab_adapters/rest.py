@@ -80,7 +80,13 @@ class RestLabConfig(BaseModel):
     retry_after_max_s: float = Field(default=60.0, ge=0)
     rate_limit_per_s: float | None = Field(default=200.0, gt=0)
     rate_burst: int = Field(default=100, ge=1)
-    max_concurrency: int = Field(default=64, ge=1)
+    max_concurrency: int = Field(
+        default=32,
+        ge=1,
+        description="HTTP calls in flight and pooled connections. Keep it modest: httpcore scans every "
+        "pooled connection (a getpeername and a select syscall each) whenever a request starts or ends, so "
+        "a large pool costs O(connections) per call; calls beyond the cap wait on a cheap semaphore instead",
+    )
     breaker_threshold: int = Field(default=20, ge=1)
     breaker_reset_s: float = Field(default=1.0, gt=0)
     seed: int | None = None
@@ -205,8 +211,6 @@ class RestLabAdapter:
         timeout = cfg.call_timeout_s + extra_timeout
         last: LabError | None = None
         for attempt in range(cfg.max_attempts):
-            if attempt:
-                self.stats["retries"] += 1
             if not self.breaker.allow():
                 self.stats["breaker_fast_fail"] += 1
                 last = LabCircuitOpenError(
@@ -219,6 +223,8 @@ class RestLabAdapter:
             if self._bucket is not None:
                 await self._bucket.acquire()
             self.stats["calls"] += 1
+            if last is not None:  # a call re-sent after a failure (breaker fast-fails are not calls)
+                self.stats["retries"] += 1
             wait: float | None = None
             try:
                 response = await self._send_once(

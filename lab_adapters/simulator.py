@@ -17,11 +17,11 @@ import itertools
 from collections import OrderedDict
 from typing import Any
 
-from labrl.offload import run_cpu, run_killable
 from labrl.errors import LabJobError, LabRejectedError, LabrlError, LabTimeoutError
 from labrl.lab_adapters.calculators import BACKENDS, execute_calculation, validate_calculation
 from labrl.lab_adapters.protocol import JobRef, JobState, JobStatus, request_hash
 from labrl.lab_adapters.structures import parse_structure, structure_hash
+from labrl.offload import run_cpu, run_killable
 
 
 def cache_key(request: dict[str, Any]) -> str:

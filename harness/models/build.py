@@ -79,6 +79,9 @@ def build_gpt_model(
 ):
     """A megatron-core ``GPTModel`` of shape ``config`` (fp32 parameters).
 
+    Layer ``i`` carries experts when ``i % moe_layer_freq == 0`` and a dense
+    SwiGLU MLP of width ``ffn_hidden_size`` otherwise (``decoder_block_spec``).
+
     Every MoE router gets its own ``RouterReplay`` (``routing_replay=True``),
     detached from megatron-core's process-wide registry: a learner and a
     sampler live in one process, and the registry's static setters would
@@ -86,24 +89,13 @@ def build_gpt_model(
     drives one model's routers.
     """
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import (
-        get_gpt_layer_local_spec,
-        get_gpt_layer_with_transformer_engine_spec,
-    )
     from megatron.core.transformer.moe.router_replay import RouterReplay
 
     parallel = parallel or ParallelConfig()
     ensure_model_parallel(parallel)
     cpu = not cuda_available()
     tconfig = config.transformer_config(parallel, cpu=cpu, routing_replay=routing_replay)
-    if cpu:
-        spec = get_gpt_layer_local_spec(
-            num_experts=config.num_experts, moe_grouped_gemm=False, qk_layernorm=config.qk_layernorm
-        )
-    else:
-        spec = get_gpt_layer_with_transformer_engine_spec(
-            num_experts=config.num_experts, moe_grouped_gemm=True, qk_layernorm=config.qk_layernorm
-        )
+    spec = decoder_block_spec(tconfig, cpu=cpu)
     before = list(RouterReplay.global_router_replay_instances)
     # Parameters are initialised from torch's default generator on CPU.
     fork = torch.random.fork_rng(devices=[])
@@ -123,6 +115,22 @@ def build_gpt_model(
     if not cpu:
         model = model.cuda()
     return model
+
+
+def decoder_block_spec(tconfig, *, cpu: bool):
+    """One layer spec per decoder layer, MoE or dense as ``tconfig.moe_layer_freq`` says.
+
+    megatron-core's ``get_gpt_decoder_block_spec``
+    (megatron/core/models/gpt/gpt_layer_specs.py) reads the per-layer pattern
+    from the config; a single layer spec passed to ``GPTModel`` instead would
+    make every layer MoE whatever the pattern. Local modules on CPU, the
+    TransformerEngine ones on GPU.
+    """
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    return get_gpt_decoder_block_spec(
+        tconfig, use_transformer_engine=not cpu, normalization=tconfig.normalization
+    )
 
 
 def count_parameters(model: torch.nn.Module) -> int:

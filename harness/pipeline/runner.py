@@ -107,7 +107,10 @@ async def build_sampler(cfg: RunConfig, learner, tokenizer):
             ),
             weight_writer=lambda state, path: export_hf_checkpoint(state, model_cfg, path),
         )
-        await sampler.update_weights(learner.export_weights(), learner.version)
+        # The servers hold whatever they were launched with (or a previous run's weights):
+        # set them to the learner's weights and version, which may not be newer.
+        await sampler.start()
+        await sampler.update_weights(learner.export_weights(), learner.version, force=True)
     overlong = cfg.pipeline.overlong
     if overlong.mode == "force":
         sampler = BudgetForcingSampler(sampler, tokenizer.encode(overlong.cue), overlong.answer_tokens)
@@ -198,6 +201,10 @@ async def train(cfg: RunConfig, *, fresh: bool = False, progress: bool | None = 
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
+        # SGLangSampler holds an HTTP client (BudgetForcingSampler wraps it as .inner)
+        close = getattr(getattr(sampler, "inner", sampler), "close", None)
+        if close is not None:
+            await close()
         live.close()
         metrics.close()
         evals.close()

@@ -540,20 +540,84 @@ class ServerThread:
         self.stop()
 
 
+def local_fake_server(
+    model_path: str,
+    *,
+    sglang_version: ServerRelease = "0.5.23",
+    enable_return_routed_experts: bool = True,
+    weight_version: str = "0",
+    tick_delay_s: float = 0.0,
+    seed: int = 0,
+) -> FakeSGLangServer:
+    """A fake server that serves an exported HF checkpoint with ``LocalSampler`` (fp32, CPU).
+
+    Weight updates load checkpoints with ``labrl.harness.hf_import``, so
+    ``update_weights_from_disk`` exercises the same export -> load path a real
+    SGLang server does; the distributed transport joins a gloo group
+    (``sglang_dist.WeightReceiver``). Like SGLang, generation stops at the
+    checkpoint's ``eos_token_id`` unless the request sets ``ignore_eos``.
+    """
+    import json
+    from pathlib import Path
+
+    from labrl.harness.hf_import import config_from_hf, load_hf_checkpoint
+    from labrl.harness.samplers.local import LocalSampler, LocalSamplerConfig
+    from labrl.harness.samplers.sglang_dist import WeightReceiver
+
+    cfg = config_from_hf(model_path)
+    eos = json.loads((Path(model_path) / "config.json").read_text()).get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+    version = int(weight_version) if weight_version.isdigit() else 0
+    backend = LocalSampler(
+        cfg, LocalSamplerConfig(seed=seed), weights=load_hf_checkpoint(model_path, cfg), version=version
+    )
+    return FakeSGLangServer(
+        backend,
+        FakeServerConfig(
+            sglang_version=sglang_version,
+            num_hidden_layers=cfg.num_layers,
+            moe_layers=tuple(cfg.moe_layer_indices),
+            topk=cfg.moe_router_topk,
+            enable_return_routed_experts=enable_return_routed_experts,
+            weight_version=weight_version,
+            model_path=model_path,
+            eos_token_ids=eos_ids,
+            tick_delay_s=tick_delay_s,
+        ),
+        load_weights=lambda path: load_hf_checkpoint(path, cfg),
+        receiver_factory=WeightReceiver,
+    )
+
+
+def export_run_model(run_config: str, path: str) -> str:
+    """Write a randomly initialised HF checkpoint of a ``labrl train`` config's model to ``path``.
+
+    What a CPU run serves before its first update: the pipeline pushes the
+    learner's weights (version 0) at start, so only the architecture matters.
+    """
+    from labrl.harness.config import load_run_config
+    from labrl.harness.hf_export import export_hf_checkpoint
+    from labrl.harness.models.build import build_gpt_model
+
+    model_cfg = load_run_config(run_config).model.resolve()
+    model = build_gpt_model(model_cfg, seed=0)
+    state = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+    return str(export_hf_checkpoint(state, model_cfg, path))
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m labrl.harness.samplers.fake_server --model-path CKPT --port N``: SGLang's CLI shape.
 
     Serves an exported HF checkpoint (``labrl.harness.hf_export``) with
     ``LocalSampler`` on CPU, so ``labrl serve sglang --launcher ...`` and the
-    ``sampler: sglang`` pipeline run without a GPU.
+    ``sampler: sglang`` pipeline run without a GPU. ``--run-config RUN.yaml``
+    first writes a random-init checkpoint of that run's model to
+    ``--model-path`` (when it holds no ``config.json`` yet).
     """
     import argparse
+    from pathlib import Path
 
     import uvicorn
-
-    from labrl.harness.hf_import import config_from_hf, load_hf_checkpoint
-    from labrl.harness.samplers.local import LocalSampler
-    from labrl.harness.samplers.sglang_dist import WeightReceiver
 
     p = argparse.ArgumentParser(prog="fake_server")
     p.add_argument("--model-path", required=True)
@@ -562,23 +626,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--enable-return-routed-experts", action="store_true")
     p.add_argument("--weight-version", default="default")
     p.add_argument("--sglang-version", choices=("0.5.23", "0.5.15"), default="0.5.23")
+    p.add_argument("--run-config", help="labrl train config whose model to export to --model-path first")
     args, _ignored = p.parse_known_args(argv)  # other SGLang flags (--tp-size, ...) mean nothing here
-    cfg = config_from_hf(args.model_path)
-    version = int(args.weight_version) if args.weight_version.isdigit() else 0
-    backend = LocalSampler(cfg, weights=load_hf_checkpoint(args.model_path, cfg), version=version)
-    server = FakeSGLangServer(
-        backend,
-        FakeServerConfig(
-            sglang_version=args.sglang_version,
-            num_hidden_layers=cfg.num_layers,
-            moe_layers=tuple(cfg.moe_layer_indices),
-            topk=cfg.moe_router_topk,
-            enable_return_routed_experts=args.enable_return_routed_experts,
-            weight_version=args.weight_version,
-            model_path=args.model_path,
-        ),
-        load_weights=lambda path: load_hf_checkpoint(path, cfg),
-        receiver_factory=WeightReceiver,
+    if args.run_config and not (Path(args.model_path) / "config.json").exists():
+        export_run_model(args.run_config, args.model_path)
+    server = local_fake_server(
+        args.model_path,
+        sglang_version=args.sglang_version,
+        enable_return_routed_experts=args.enable_return_routed_experts,
+        weight_version=args.weight_version,
     )
     uvicorn.run(server.app, host=args.host, port=args.port, log_level="warning", lifespan="off")
     return 0

@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
@@ -57,12 +58,17 @@ class LocalSamplerConfig(BaseModel):
     batch_wait_s: float = Field(default=0.005, ge=0.0, description="window to gather concurrent requests")
     seed: int = Field(default=0, description="init seed of the weights and of unseeded sampling")
     pad_token_id: int = Field(default=0, ge=0)
+    scheduling: Literal["continuous", "waves"] = Field(
+        default="continuous",
+        description="continuous: admit waiting requests between decode steps; waves: one batch at a time",
+    )
 
 
 @dataclass
 class _Pending:
     request: GenerateRequest
     future: asyncio.Future
+    queued_at: float = field(default_factory=time.perf_counter)
 
 
 @dataclass
@@ -75,6 +81,13 @@ class _Row:
     versions: list[int] = field(default_factory=list)
     routed: list[np.ndarray] = field(default_factory=list)  # (n, L, K) chunks
     finish: str | None = None
+    # continuous batching only
+    future: asyncio.Future | None = None
+    queued_at: float = 0.0
+    admitted_at: float = 0.0
+    prefill_s: float = 0.0
+    batch_size: int = 0
+    version: int = 0  # version of the weights behind the row's pending logits
 
 
 def sample_token(
@@ -195,6 +208,9 @@ class LocalSampler:
         self.waiting_on_pause = False
 
     async def _drain(self) -> None:
+        if self.config.scheduling == "continuous":
+            await self._serve_continuous()
+            return
         while self._pending:
             await asyncio.sleep(self.config.batch_wait_s)
             await self._wait_if_paused()
@@ -312,29 +328,256 @@ class LocalSampler:
         self.stats["generated_tokens"] += sum(len(row.output) for row in rows)
         self.stats["batches"] += 1
         self.stats["busy_s"] += elapsed
+        return [
+            self._result(row, {"batch_size": B, "prefill_s": prefill_s, "generate_s": elapsed})
+            for row in rows
+        ]
+
+    def _result(self, row: _Row, info: dict) -> GenerateResult:
         K = self.model_config.moe_router_topk
         L = self.model_config.num_moe_layers
-        results = []
-        for row in rows:
-            routed_arr = None
-            if row.request.return_routed_experts:
-                pad = np.tile(np.arange(K, dtype=np.int32), (1, L, 1))  # (1, L, K): the never-fed last token
-                chunks = [*row.routed, pad] if row.output else row.routed
-                routed_arr = np.concatenate(chunks, axis=0)
-            info = {"batch_size": B, "prefill_s": prefill_s, "generate_s": elapsed}
-            if row.finish == "abort":
-                info["error"] = (
-                    f"prompt of {len(row.request.input_ids)} tokens leaves no room in the context of {max_len}"
-                )
-            results.append(
-                GenerateResult(
-                    rid=row.request.rid,
-                    output_ids=row.output,
-                    logprobs_T=row.logprobs,
-                    versions_T=row.versions,
-                    finish_reason=row.finish,  # type: ignore[arg-type]
-                    routed_experts_T_L_K=routed_arr,
-                    info=info,
-                )
+        routed_arr = None
+        if row.request.return_routed_experts:
+            pad = np.tile(np.arange(K, dtype=np.int32), (1, L, 1))  # (1, L, K): the never-fed last token
+            chunks = [*row.routed, pad] if row.output else row.routed
+            routed_arr = np.concatenate(chunks, axis=0)
+        if row.finish == "abort":
+            info["error"] = (
+                f"prompt of {len(row.request.input_ids)} tokens leaves no room in the context of "
+                f"{self.model_config.max_sequence_length}"
             )
-        return results
+        return GenerateResult(
+            rid=row.request.rid,
+            output_ids=row.output,
+            logprobs_T=row.logprobs,
+            versions_T=row.versions,
+            finish_reason=row.finish,  # type: ignore[arg-type]
+            routed_experts_T_L_K=routed_arr,
+            info=info,
+        )
+
+    # -- continuous batching ---------------------------------------------------
+
+    def _new_row(self, item: _Pending, now: float) -> _Row:
+        r = item.request
+        seed = r.sampling.seed
+        gen = self._generator if seed is None else torch.Generator().manual_seed(seed)
+        max_new = min(r.sampling.max_new_tokens, self.model_config.max_sequence_length - len(r.input_ids))
+        row = _Row(request=r, max_new=max_new, generator=gen, future=item.future, queued_at=item.queued_at)
+        row.admitted_at = now
+        if max_new <= 0:
+            row.finish = "abort"
+        return row
+
+    def _finish_row(self, row: _Row) -> None:
+        now = time.perf_counter()
+        self.stats["generated_tokens"] += len(row.output)
+        info = {
+            "batch_size": row.batch_size,
+            "prefill_s": row.prefill_s,
+            "generate_s": now - row.admitted_at,
+            "queue_s": row.admitted_at - row.queued_at,
+        }
+        assert row.future is not None
+        if not row.future.done():
+            row.future.set_result(self._result(row, info))
+
+    async def _serve_continuous(self) -> None:
+        """Continuous batching over one KV cache; see ``_admit`` and ``_compact``.
+
+        Between two decode steps: rows that finished are answered at once,
+        waiting requests are prefilled and join the running batch (up to
+        ``max_batch_size`` live rows), and the cache drops finished rows when
+        they are at least half of it. Every live row advances one token per
+        decode forward, whatever step it joined at.
+        """
+        rows: list[_Row] = []  # cache row order; finished rows stay until compaction
+        state: _CacheState | None = None
+        taken: list[asyncio.Future] = []  # futures of requests taken off the queue
+        busy_since: float | None = None
+        while self._pending or rows:
+            try:
+                live = [row for row in rows if row.finish is None]
+                if not live:
+                    rows, state = [], None
+                if self._pending and len(live) < self.config.max_batch_size:
+                    if not live:
+                        await asyncio.sleep(self.config.batch_wait_s)  # gather the first wave
+                    await self._wait_if_paused()
+                    take = self._pending[: self.config.max_batch_size - len(live)]
+                    del self._pending[: len(take)]
+                    taken = [f for f in taken if not f.done()] + [p.future for p in take]
+                    now = time.perf_counter()
+                    busy_since = busy_since or now
+                    new_rows = [self._new_row(p, now) for p in take]
+                    for row in new_rows:
+                        if row.finish is not None:
+                            self._finish_row(row)
+                    new_rows = [row for row in new_rows if row.finish is None]
+                    if new_rows:
+                        rows, state = await self._admit(rows, state, new_rows)
+                        self.stats["batches"] += 1
+                if not any(row.finish is None for row in rows):
+                    if busy_since is not None:
+                        self.stats["busy_s"] += time.perf_counter() - busy_since
+                        busy_since = None
+                    continue
+                assert state is not None
+                fed = torch.full((len(rows), 1), self.config.pad_token_id, dtype=torch.long)
+                for b, row in enumerate(rows):
+                    if row.finish is not None:
+                        continue
+                    token, logprob = sample_token(state.logits_B_V[b], row.request.sampling, row.generator)
+                    row.output.append(token)
+                    row.logprobs.append(logprob)
+                    row.versions.append(row.version)
+                    fed[b, 0] = token
+                    if token in row.request.sampling.stop_token_ids:
+                        row.finish = "stop"
+                    elif len(row.output) >= row.max_new:
+                        row.finish = "length"
+                    if row.finish is not None:
+                        self._finish_row(row)
+                live_idx = [b for b, row in enumerate(rows) if row.finish is None]
+                if not live_idx:
+                    continue
+                if 2 * (len(rows) - len(live_idx)) >= len(rows):
+                    # finished rows are at least half the batch: drop them from the cache
+                    state = await asyncio.to_thread(_merge_caches, [(state, live_idx)], _room(rows))
+                    rows, fed = [rows[b] for b in live_idx], fed[live_idx]
+                await asyncio.sleep(0)  # let other coroutines (weight updates, envs) run
+                await self._wait_if_paused()
+                ctx = state.ctx
+                S = ctx.sequence_len_offset + 1
+                decode_mask = (torch.arange(S)[None] < state.start_B[:, None])[
+                    :, None, None, :
+                ]  # (B, 1, 1, S)
+                record = any(row.request.return_routed_experts for row in rows if row.finish is None)
+                logits, version, routed = await asyncio.to_thread(
+                    self._forward, fed, decode_mask, ctx, record
+                )
+                state.logits_B_V = logits
+                for b, row in enumerate(rows):
+                    if row.finish is None:
+                        row.version = version
+                        if routed is not None and row.request.return_routed_experts:
+                            row.routed.append(routed[b].numpy().astype(np.int32))
+                self.decode_steps += 1
+                if busy_since is not None:
+                    now = time.perf_counter()
+                    self.stats["busy_s"] += now - busy_since
+                    busy_since = now
+            except BaseException as exc:
+                # the running batch fails; queued requests are served afterwards
+                for fut in taken:
+                    if not fut.done():
+                        fut.set_exception(
+                            exc
+                            if isinstance(exc, SamplerError)
+                            else SamplerError(f"generation failed: {exc!r}")
+                        )
+                rows, state, taken = [], None, []
+                if isinstance(exc, asyncio.CancelledError):
+                    for p in self._pending:
+                        if not p.future.done():
+                            p.future.set_exception(SamplerError(f"generation failed: {exc!r}"))
+                    self._pending.clear()
+                    raise
+
+    async def _admit(
+        self, rows: list[_Row], state: _CacheState | None, new_rows: list[_Row]
+    ) -> tuple[list[_Row], _CacheState]:
+        """Prefill ``new_rows`` (left-padded) in a cache of their own, then merge it with the running one."""
+        from megatron.core.inference.contexts import StaticInferenceContext
+
+        started = time.perf_counter()
+        B = len(new_rows)
+        P = max(len(row.request.input_ids) for row in new_rows)
+        room = _room([*rows, *new_rows])
+        ids = torch.full((B, P), self.config.pad_token_id, dtype=torch.long)
+        start = torch.empty(B, dtype=torch.long)
+        for b, row in enumerate(new_rows):
+            n = len(row.request.input_ids)
+            ids[b, P - n :] = torch.tensor(row.request.input_ids, dtype=torch.long)
+            start[b] = P - n
+        # alone, the prefill cache is the running cache: room for every new token; otherwise only the prompts
+        ctx = StaticInferenceContext(B, P + (room if state is None else 0))
+        keys = torch.arange(P)
+        blocked = (keys[None, :] > keys[:, None])[None] | (keys[None, :] < start[:, None])[:, None, :]
+        record = any(row.request.return_routed_experts for row in new_rows)
+        logits, version, routed = await asyncio.to_thread(self._forward, ids, blocked[:, None], ctx, record)
+        prefill_s = time.perf_counter() - started
+        for b, row in enumerate(new_rows):
+            row.version = version
+            row.prefill_s = prefill_s
+            if routed is not None and row.request.return_routed_experts:
+                row.routed.append(routed[b, int(start[b]) :].numpy().astype(np.int32))
+        fresh = _CacheState(ctx=ctx, start_B=start, logits_B_V=logits)
+        if state is None:
+            merged, all_rows = fresh, new_rows
+        else:
+            live_idx = [b for b, row in enumerate(rows) if row.finish is None]
+            merged = await asyncio.to_thread(
+                _merge_caches, [(state, live_idx), (fresh, list(range(B)))], room
+            )
+            all_rows = [rows[b] for b in live_idx] + new_rows
+        for row in all_rows:
+            row.batch_size = max(row.batch_size, len(all_rows))
+        return all_rows, merged
+
+
+@dataclass
+class _CacheState:
+    """A running batch's KV cache: row ``b`` attends to key slots ``[start_B[b], ctx.sequence_len_offset)``."""
+
+    ctx: object  # megatron StaticInferenceContext
+    start_B: torch.Tensor  # (B,) long
+    logits_B_V: torch.Tensor  # (B, V): next-token logits of each row
+
+
+def _room(rows: list[_Row]) -> int:
+    """Cache slots a batch still needs after its offset: one per token its live rows may yet feed."""
+    return 1 + max((row.max_new - len(row.output) for row in rows if row.finish is None), default=0)
+
+
+def _merge_caches(parts: list[tuple[_CacheState, list[int]]], extra: int) -> _CacheState:
+    """Copy the given rows of several caches into one, right-aligned at a common offset.
+
+    megatron-core's static cache stores keys before RoPE and rotates them at
+    their slot position on every forward
+    (megatron/core/transformer/attention.py: ``_adjust_key_value_for_inference``),
+    so moving a row's keys to other slots only shifts absolute positions:
+    RoPE attention depends on relative positions alone, the same argument
+    that makes left padding exact. The common offset is the longest row
+    span, so finished rows and unneeded left padding are dropped; slots
+    before a row's start are zeros and masked.
+    """
+    from megatron.core.inference.contexts import StaticInferenceContext
+
+    spans = [p.ctx.sequence_len_offset - int(p.start_B[idx].min()) for p, idx in parts if idx]
+    offset = max(spans)
+    B = sum(len(idx) for _, idx in parts)
+    ctx = StaticInferenceContext(B, offset + extra)
+    ctx.sequence_len_offset = offset
+    layers = parts[0][0].ctx.key_value_memory_dict.keys()
+    for layer in layers:
+        k0, v0 = parts[0][0].ctx.key_value_memory_dict[layer]
+        keys = torch.zeros((offset + extra, B, *k0.shape[2:]), dtype=k0.dtype)
+        values = torch.zeros((offset + extra, B, *v0.shape[2:]), dtype=v0.dtype)
+        row = 0
+        for p, idx in parts:
+            if not idx:
+                continue
+            k, v = p.ctx.key_value_memory_dict[layer]
+            end = p.ctx.sequence_len_offset
+            span = end - int(p.start_B[idx].min())
+            keys[offset - span : offset, row : row + len(idx)] = k[end - span : end, idx]
+            values[offset - span : offset, row : row + len(idx)] = v[end - span : end, idx]
+            row += len(idx)
+        ctx.key_value_memory_dict[layer] = (keys, values)
+    starts, logits = [], []
+    for p, idx in parts:
+        if idx:
+            starts.append(p.start_B[idx] + (offset - p.ctx.sequence_len_offset))
+            logits.append(p.logits_B_V[idx])
+    return _CacheState(ctx=ctx, start_B=torch.cat(starts), logits_B_V=torch.cat(logits))

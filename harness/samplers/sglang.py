@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -153,7 +154,11 @@ class SGLangSampler:
         self._group_ready = False
         self._exports: list[Path] = []
         self._started = False
-        self.stats = {"resumed": 0, "retried": 0, "inexact_versions": 0}
+        self._submissions = 0  # makes every /generate rid unique on the server
+        self._active = 0  # requests in flight through generate()
+        self._busy_mark = 0.0
+        # busy_s: wall time with at least one request in flight (the pipeline's "sampler busy")
+        self.stats = {"resumed": 0, "retried": 0, "inexact_versions": 0, "busy_s": 0.0}
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -259,7 +264,19 @@ class SGLangSampler:
     async def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
         if not self._started:
             await self.start()
-        return list(await asyncio.gather(*(self._generate_one(r) for r in requests)))
+        self._account_busy(len(requests))
+        try:
+            return list(await asyncio.gather(*(self._generate_one(r) for r in requests)))
+        finally:
+            self._account_busy(-len(requests))
+
+    def _account_busy(self, change: int) -> None:
+        # Counted at every call boundary, so a server that never idles still shows its time.
+        now = time.perf_counter()
+        if self._active > 0:
+            self.stats["busy_s"] += now - self._busy_mark
+        self._busy_mark = now
+        self._active += change
 
     async def _generate_one(self, req: GenerateRequest) -> GenerateResult:
         cfg = self.config
@@ -288,8 +305,10 @@ class SGLangSampler:
                     "--enable-return-routed-experts (labrl serve sglang adds it)"
                 )
             start_len = n_rows if server.has_routed_experts_start_len else None
+            # SGLang keys live requests by rid: two callers may reuse one (a task sampled twice).
+            self._submissions += 1
             body = generate_payload(
-                rid=f"{req.rid}#{resumes + retries}",
+                rid=f"{req.rid}#{self._submissions}",
                 input_ids=prompt + out_ids,
                 sampling_params=sampling_params_payload(req.sampling, max_new_tokens=remaining),
                 return_routed_experts=want_rows,
@@ -385,9 +404,18 @@ class SGLangSampler:
         await self._broadcast_control("/continue_generation", {})
         self._running.set()
 
-    async def update_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
-        """Move ``weights`` to every live server as ``version``, in flight (see module docstring)."""
-        if version <= self._version:
+    async def update_weights(
+        self, weights: Mapping[str, torch.Tensor], version: int, *, force: bool = False
+    ) -> None:
+        """Move ``weights`` to every live server as ``version``, in flight (see module docstring).
+
+        Versions must increase, except with ``force=True``: the start of a run
+        (or a resume) sets the servers to the learner's weights and version,
+        whatever a long-lived server held before.
+        """
+        if not self._started:
+            await self.start()
+        if version <= self._version and not force:
             raise SamplerError(f"weight version must increase: have {self._version}, got {version}")
         async with self._update_lock:
             was_running = self._running.is_set()

@@ -1,9 +1,20 @@
-"""GPU tests: marked ``gpu`` and skipped where CUDA (or SGLang) is absent."""
+"""GPU tests: marked ``gpu`` and skipped where CUDA (or SGLang) is absent.
+
+``tests/sglang`` is put on ``sys.path``: the GPU pipeline test shares its run config,
+fixture env and checks with the CPU one (``sglang_pipeline_check``).
+"""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+
+SGLANG_TESTS = str(Path(__file__).parent.parent / "sglang")
+if SGLANG_TESTS not in sys.path:
+    sys.path.insert(0, SGLANG_TESTS)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,8 +1,8 @@
 """On a GPU node: a real SGLang server on an exported small MoE, against the megatron-core learner's model.
 
 Run with ``pytest -m gpu tests/gpu`` (needs CUDA and ``pip install -e .[gpu]``).
-The 5-step pipeline test is not here: the pipeline entry point (issue 9) did
-not exist when these were written.
+The 5-step pipeline run (``labrl train`` with ``sampler.kind: sglang``) is in
+``test_pipeline_gpu.py``.
 """
 
 from __future__ import annotations

@@ -28,7 +28,15 @@ CASES = {
     "qwen3_moe": TINY_MOE_QWEN3.model_copy(update=SMALL),
     # grouped-query attention: 4 heads in 2 query groups
     "qwen3_moe_gqa": TINY_MOE_QWEN3.model_copy(update={**SMALL, "num_query_groups": 2}),
+    # dense layers 1 and 3 between MoE layers 0 and 2: Qwen3-MoE mlp_only_layers=[1, 3]
+    "qwen3_moe_mixed": TINY_MOE_QWEN3.model_copy(update={**SMALL, "num_layers": 4, "moe_layer_freq": 2}),
+    # heads of width 24 while hidden/heads = 16 (head_dim in config.json)
+    "qwen3_moe_wide_heads": TINY_MOE_QWEN3.model_copy(
+        update={**SMALL, "kv_channels": 24, "num_query_groups": 2}
+    ),
+    "mixtral_wide_heads": PRESETS["tiny-moe"].model_copy(update={**SMALL, "kv_channels": 24}),
 }
+ARCH = {case: "mixtral" if case.startswith("mixtral") else "qwen3_moe" for case in CASES}
 
 
 def _randomised(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -58,7 +66,10 @@ def test_export_loads_in_transformers_with_same_logits(case, tmp_path):
     state = _randomised(model)
     path = export_hf_checkpoint(state, cfg, tmp_path / case)
     config = json.loads((path / "config.json").read_text())
-    assert config["model_type"] == case.removesuffix("_gqa")
+    assert config["model_type"] == ARCH[case]
+    assert config["head_dim"] == (24 if case.endswith("wide_heads") else 16)
+    if ARCH[case] == "qwen3_moe":
+        assert config["mlp_only_layers"] == ([1, 3] if case.endswith("mixed") else [])
     hf, info = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, output_loading_info=True)
     assert info["missing_keys"] == set() or not info["missing_keys"]
     assert not info["unexpected_keys"]

@@ -28,6 +28,15 @@ Rwp_bg is the background-only fit; a claimed phase is superfluous when
 removing it raises Rwp by less than ``min_gain`` of (Rwp_bg − Rexp): it does
 not explain any of the signal. Weight fractions come from the fitted scales
 by Hill–Howard (``mixture.weight_fractions``).
+
+Computation (what keeps a 3-phase fit at a few ms): the background is
+eliminated once per measurement by projecting onto the complement of the
+weighted Chebyshev columns (``_Problem``), so every solve is a P × P normal
+equation; the trials of a scan (zero shifts, sizes, each phase left out) are
+solved as one batch; all claimed phases are rendered together
+(``profile.render_phases``) and each (size, zero, strains) once per fit.
+``_fit_reference`` computes the same fit the straightforward way (full
+``lstsq`` per solve); tests hold the two within 1e-7.
 """
 
 from __future__ import annotations
@@ -154,6 +163,36 @@ class _Problem:
         resid = self.y_perp - design @ scales
         return self.rwp(resid), scales, resid
 
+    def rwps(self, designs: np.ndarray) -> np.ndarray:
+        """Rwp of ``solve`` for each projected design of a batch (T, n, P): (T,).
+
+        The normal equations of all designs are solved at once, with
+        Rwp² = (|y⊥|² − cᵀXᵀy⊥) / Σwy² at the least-squares solution c; designs whose
+        solution has a negative scale (or a zero or near-singular column) go through
+        ``solve``'s active set one by one.
+        """
+        n_batch, _, n_phase = designs.shape
+        if n_phase == 0:
+            return np.full(n_batch, self.rwp(self.y_perp))
+        designs_t = designs.transpose(0, 2, 1)  # (T, P, n)
+        grams, rhs = designs_t @ designs, designs_t @ self.y_perp  # (T, P, P), (T, P)
+        diag = grams.diagonal(axis1=1, axis2=2)  # (T, P)
+        inv_norm = 1.0 / np.sqrt(np.where(diag > 0, diag, 1.0))  # (T, P)
+        eigval, eigvec = np.linalg.eigh(grams * inv_norm[:, :, None] * inv_norm[:, None, :])
+        with np.errstate(divide="ignore", invalid="ignore"):  # singular ones are redone by ``solve``
+            along = (eigvec.transpose(0, 2, 1) @ (rhs * inv_norm)[:, :, None])[:, :, 0] / eigval  # (T, P)
+            coef = inv_norm * (eigvec @ along[:, :, None])[:, :, 0]  # (T, P)
+            fast = (
+                (diag > 0).all(axis=1)
+                & (eigval[:, 0] > _GRAM_MIN_RATIO * eigval[:, -1])
+                & (coef.min(axis=1) >= 0)
+            )
+            resid2 = self.y_perp @ self.y_perp - (coef * rhs).sum(axis=1)  # (T,)
+            out = np.sqrt(np.maximum(resid2, 0.0) / self.norm)
+        for t in np.flatnonzero(~fast):
+            out[t] = self.solve(designs[t], grams[t], rhs[t])[0]
+        return out
+
 
 def _orthonormal(a: np.ndarray) -> np.ndarray:
     """Q (n, K) with span(Q) = span(a) and QᵀQ = I: Cholesky QR, done twice for orthogonality to ε."""
@@ -166,22 +205,22 @@ def _orthonormal(a: np.ndarray) -> np.ndarray:
 def _lsq(gram: np.ndarray, rhs: np.ndarray, design: np.ndarray, target: np.ndarray) -> np.ndarray:
     """argmin_c |target − design c|² from the normal equations ``gram c = rhs`` (gram = designᵀdesign).
 
+    Solved on the unit-diagonal Gram D G D (D = diag(G)^(−1/2)) by its eigendecomposition.
     All-zero columns get 0 (the minimum-norm choice); a near-singular rest falls back to
     ``np.linalg.lstsq`` on the columns themselves.
     """
-    diag = np.diag(gram)
-    coef = np.zeros(len(rhs))
-    live = diag > 0
-    if not live.any():
+    diag = gram.diagonal()
+    if diag.min() <= 0:
+        coef = np.zeros(len(rhs))
+        live = diag > 0
+        if live.any():
+            coef[live] = _lsq(gram[np.ix_(live, live)], rhs[live], design[:, live], target)
         return coef
-    inv_norm = 1.0 / np.sqrt(diag[live])
-    g = gram[np.ix_(live, live)] * inv_norm[:, None] * inv_norm[None, :]  # unit diagonal
-    eigval, eigvec = np.linalg.eigh(g)
+    inv_norm = 1.0 / np.sqrt(diag)
+    eigval, eigvec = np.linalg.eigh(gram * np.outer(inv_norm, inv_norm))
     if eigval[0] > _GRAM_MIN_RATIO * eigval[-1]:
-        coef[live] = inv_norm * (eigvec @ ((eigvec.T @ (rhs[live] * inv_norm)) / eigval))
-    else:
-        coef[live] = np.linalg.lstsq(design[:, live], target, rcond=None)[0]
-    return coef
+        return inv_norm * (eigvec @ ((eigvec.T @ (rhs * inv_norm)) / eigval))
+    return np.linalg.lstsq(design, target, rcond=None)[0]
 
 
 class _Columns:
@@ -214,7 +253,8 @@ def _translated(columns: np.ndarray, deltas: np.ndarray, step: float) -> np.ndar
     point i samples the fractional index i − δ/step.
     """
     n = columns.shape[0]
-    padded = np.vstack([columns, np.zeros((1, columns.shape[1]))])  # (n + 1, P): index n + 1 never read
+    # a zero row past the end: with rounding in −δ/step the last sample may sit a hair beyond n − 1
+    padded = np.vstack([columns, np.zeros((1, columns.shape[1]))])  # (n + 1, P)
     out = np.zeros((len(deltas), *columns.shape))
     for t, delta in enumerate(deltas):
         shift = -float(delta) / step
@@ -289,18 +329,14 @@ def fit_phases(
         if config.max_zero_shift > 0:
             n_side = int(np.ceil(config.max_zero_shift / _COARSE_ZERO_STEP))
             trials = np.linspace(-config.max_zero_shift, config.max_zero_shift, 2 * n_side + 1)
-            # (T, n, P) weighted and projected in one batch; then one small solve per trial
+            # (T, n, P) weighted and projected in one batch
             shifted = problem.project(_translated(base, trials, step) * problem.sw[:, None])
-            shifted_t = shifted.transpose(0, 2, 1)  # (T, P, n)
-            grams, rhs = shifted_t @ shifted, shifted_t @ problem.y_perp  # (T, P, P), (T, P)
-            rwps = [problem.solve(d, g, b)[0] for d, g, b in zip(shifted, grams, rhs, strict=True)]
-            zero = float(trials[int(np.argmin(rwps))])
+            zero = float(trials[int(np.argmin(problem.rwps(shifted)))])
         for _ in range(2):
             gauss_newton(*renderer.get(size, zero, strains))
-        size = min(
-            config.crystallite_grid_nm,
-            key=lambda s: problem.solve(renderer.get(s, zero, strains)[1])[0],
-        )
+        sizes = config.crystallite_grid_nm
+        scan = problem.rwps(np.stack([renderer.get(s, zero, strains)[1] for s in sizes]))
+        size = sizes[int(np.argmin(scan))]
         gauss_newton(*renderer.get(size, zero, strains))
 
     design = renderer.get(size, zero, strains)[1] if ids else problem.design([])  # (n, P)
@@ -309,11 +345,13 @@ def fit_phases(
     scales = dict(zip(ids, scale_arr.tolist(), strict=True))
     span = rwp_bg - rexp
     quality = float(np.clip((rwp_bg - rwp) / span, 0.0, 1.0)) if span > 0 else 0.0
-    superfluous = []
-    for i, pid in enumerate(ids):
-        without = problem.solve(np.delete(design, i, axis=1))[0]
-        if span <= 0 or (without - rwp) < config.min_gain * span:
-            superfluous.append(pid)
+    # Rwp without each claimed phase in turn, (P,)
+    without = problem.rwps(np.stack([np.delete(design, i, axis=1) for i in range(len(ids))])) if ids else []
+    superfluous = [
+        pid
+        for pid, rwp_without in zip(ids, without, strict=True)
+        if span <= 0 or (rwp_without - rwp) < config.min_gain * span
+    ]
     reward = max(0.0, quality - config.penalty * len(superfluous))
     return FitResult(
         phase_ids=ids,

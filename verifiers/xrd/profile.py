@@ -33,6 +33,7 @@ O(peaks · window) instead of O(peaks · grid points).
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -231,7 +232,7 @@ def render_phases(
     bounds = np.searchsorted(label[order], np.arange(len(sticks) + 1)).tolist()
     return [
         _pseudo_voigt_sum(grid, centres[a:b], areas[a:b], fwhm[a:b], eta[a:b], instrument.window_fwhm)
-        for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+        for a, b in itertools.pairwise(bounds)
     ]
 
 
