@@ -38,7 +38,21 @@ RESULTS = Path(__file__).parent / "results"
 TOKEN = "bench-token"
 
 
-async def run(name: str, jobs: int, latency: float, faults: FaultConfig, restart_after: int | None) -> dict:
+def _server_cpu_s(lab: MockLabProcess) -> float:
+    """CPU seconds (user + system) the mock server process has used so far."""
+    assert lab.process is not None
+    fields = Path(f"/proc/{lab.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def run(
+    name: str,
+    jobs: int,
+    latency: float,
+    faults: FaultConfig,
+    restart_after: int | None,
+    max_concurrency: int = 16,
+) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix=f"lab-bench-{name}-"))
     lab = MockLabProcess(
         MockLabConfig(
@@ -54,7 +68,7 @@ async def run(name: str, jobs: int, latency: float, faults: FaultConfig, restart
             backoff_base_s=0.05,
             backoff_max_s=1.0,
             rate_limit_per_s=None,
-            max_concurrency=32,
+            max_concurrency=max_concurrency,
             breaker_threshold=50,
             breaker_reset_s=0.5,
             seed=0,
@@ -76,18 +90,25 @@ async def run(name: str, jobs: int, latency: float, faults: FaultConfig, restart
         latencies.append(time.perf_counter() - t0)
         return outcome.status.result is not None and outcome.status.result["echo"] == {"i": i}
 
+    server_cpu = 0.0  # CPU of server processes that were restarted away
+
     async def restarter() -> None:
+        nonlocal server_cpu
         if restart_after is None:
             return
         while client.stats["delivered"] < restart_after:
             await asyncio.sleep(0.05)
+        server_cpu += _server_cpu_s(lab)
         await asyncio.to_thread(lab.restart)
 
+    cpu0 = time.process_time()
     t0 = time.perf_counter()
     background = asyncio.ensure_future(restarter())
     correct = await asyncio.gather(*(one(i) for i in range(jobs)))
     wall = time.perf_counter() - t0
+    client_cpu = time.process_time() - cpu0
     await background
+    server_cpu += _server_cpu_s(lab)
     stats = lab.stats()
     await client.aclose()
     await adapter.aclose()
@@ -102,7 +123,11 @@ async def run(name: str, jobs: int, latency: float, faults: FaultConfig, restart
         "jobs_per_s": round(jobs / wall, 1),
         "p50_s": round(float(np.percentile(lat, 50)), 3),
         "p99_s": round(float(np.percentile(lat, 99)), 3),
+        "max_concurrency": max_concurrency,
+        "client_cpu_ms_per_job": round(1000 * client_cpu / jobs, 2),
+        "server_cpu_ms_per_job": round(1000 * server_cpu / jobs, 2),
         "http_calls": adapter.stats["calls"],
+        "client_stats": dict(client.stats),
         "retries": adapter.stats["retries"],
         "retry_reasons": {k: v for k, v in adapter.stats.items() if k.startswith("retry_")},
         "lost": jobs - len(delivered),

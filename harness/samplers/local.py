@@ -62,6 +62,12 @@ class LocalSamplerConfig(BaseModel):
         default="continuous",
         description="continuous: admit waiting requests between decode steps; waves: one batch at a time",
     )
+    admit_every_steps: int = Field(
+        default=4,
+        ge=1,
+        description="continuous: decode steps between two admissions into a running batch "
+        "(each admission costs a prefill and a cache copy)",
+    )
 
 
 @dataclass
@@ -395,12 +401,14 @@ class LocalSampler:
         state: _CacheState | None = None
         taken: list[asyncio.Future] = []  # futures of requests taken off the queue
         busy_since: float | None = None
+        admitted_at_step = self.decode_steps
         while self._pending or rows:
             try:
                 live = [row for row in rows if row.finish is None]
                 if not live:
                     rows, state = [], None
-                if self._pending and len(live) < self.config.max_batch_size:
+                due = not live or self.decode_steps - admitted_at_step >= self.config.admit_every_steps
+                if self._pending and len(live) < self.config.max_batch_size and due:
                     if not live:
                         await asyncio.sleep(self.config.batch_wait_s)  # gather the first wave
                     await self._wait_if_paused()
@@ -416,6 +424,7 @@ class LocalSampler:
                     new_rows = [row for row in new_rows if row.finish is None]
                     if new_rows:
                         rows, state = await self._admit(rows, state, new_rows)
+                        admitted_at_step = self.decode_steps
                         self.stats["batches"] += 1
                 if not any(row.finish is None for row in rows):
                     if busy_since is not None:

@@ -184,7 +184,10 @@ def test_batched_rwps_equal_one_by_one_solves_without_warnings():
 
 def test_phase_without_reflections_in_the_scan_matches_reference():
     inst = Instrument(two_theta_min=10.0, two_theta_max=20.0)  # NaCl's first reflection is at 27.4°
-    sample = Sample(components=(Component(phase_id="CdI2_164", weight_fraction=1.0),), instrument=inst)
+    sample = Sample(
+        components=(Component(phase_id="CdI2_164", weight_fraction=1.0, crystallite_nm=100.0),),
+        instrument=inst,
+    )
     m = measure(sample, seed=1)
     fast = fit_phase_ids(m.two_theta, m.counts, ("CdI2_164", "NaCl_225"), inst)
     _assert_same_fit(fast, fit_phase_ids_reference(m.two_theta, m.counts, ("CdI2_164", "NaCl_225"), inst))
