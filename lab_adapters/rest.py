@@ -56,6 +56,7 @@ from labrl.lab_adapters.resilience import CircuitBreaker, TokenBucket, backoff_d
 log = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({408, 429})
+FEED_CONNECTIONS = 1
 REJECT_STATUSES = frozenset({400, 401, 403, 404, 409, 410, 413, 422})
 
 
@@ -147,7 +148,9 @@ class RestLabAdapter:
             base_url=config.base_url,
             transport=transport,
             limits=httpx.Limits(
-                max_connections=config.max_concurrency, max_keepalive_connections=config.max_concurrency
+                # + FEED_CONNECTIONS: the completion feed has its own connection (see _send_once)
+                max_connections=config.max_concurrency + FEED_CONNECTIONS,
+                max_keepalive_connections=config.max_concurrency + FEED_CONNECTIONS,
             ),
         )
         self._semaphore = asyncio.Semaphore(config.max_concurrency)
@@ -179,9 +182,23 @@ class RestLabAdapter:
             headers["Authorization"] = f"Bearer {self._key.reveal()}"
         return {**headers, **(extra or {})}
 
-    async def _send_once(self, method: str, path: str, timeout: float, **kwargs: Any) -> httpx.Response:
-        """One HTTP exchange; httpx exceptions become labrl errors here and only here."""
+    async def _send_once(
+        self, method: str, path: str, timeout: float, *, priority: bool = False, **kwargs: Any
+    ) -> httpx.Response:
+        """One HTTP exchange; httpx exceptions become labrl errors here and only here.
+
+        ``priority`` calls (the completion feed, one per client) skip the concurrency cap: the feed
+        serves every waiting job, so queueing it behind a thousand submits would delay every
+        delivery and trigger fallback polls.
+        """
         try:
+            if priority:
+                return await self._client.request(
+                    method,
+                    path,
+                    timeout=httpx.Timeout(timeout, connect=self.config.connect_timeout_s),
+                    **kwargs,
+                )
             async with self._semaphore:
                 return await self._client.request(
                     method,
@@ -204,6 +221,7 @@ class RestLabAdapter:
         extra_timeout: float = 0.0,
         headers: dict[str, str] | None = None,
         ok: tuple[int, ...] = (200, 201, 202),
+        priority: bool = False,
         **kwargs: Any,
     ) -> httpx.Response:
         """``method path`` with retries; returns a response whose status is in ``ok``."""
@@ -228,7 +246,7 @@ class RestLabAdapter:
             wait: float | None = None
             try:
                 response = await self._send_once(
-                    method, path, timeout, headers=self._headers(headers), **kwargs
+                    method, path, timeout, priority=priority, headers=self._headers(headers), **kwargs
                 )
             except (LabTimeoutError, LabTransportError) as exc:
                 self.breaker.record_failure()
@@ -321,7 +339,11 @@ class RestLabAdapter:
     async def events(self, after: int, wait: float) -> EventPage:
         """Completion events with ``seq > after``; holds up to ``wait`` s when there are none."""
         response = await self._call(
-            "GET", "/events", params={"after": after, "wait": f"{wait:.3f}"}, extra_timeout=wait
+            "GET",
+            "/events",
+            params={"after": after, "wait": f"{wait:.3f}"},
+            extra_timeout=wait,
+            priority=True,
         )
         try:
             return EventPage.model_validate(response.json())
