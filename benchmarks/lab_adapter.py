@@ -150,6 +150,7 @@ def main() -> None:
         level=logging.ERROR
     )  # "gave up, retrying at the driver level" warnings are expected here
     faults = FaultConfig(error_rate=0.10, hang_rate=0.05, hang_s=15.0, duplicate_rate=0.02)
+    load_before = os.getloadavg()
     rows = [
         asyncio.run(run("baseline", args.jobs, args.latency, FaultConfig(), None)),
         asyncio.run(run("faults", args.jobs, args.latency, faults, restart_after=min(300, args.jobs // 3))),
@@ -161,6 +162,14 @@ def main() -> None:
             f"{r['name']:10} {r['jobs_per_s']:8.1f} {r['p50_s']:7.2f} {r['p99_s']:7.2f} {r['http_calls']:6d} "
             f"{r['retries']:8d} {r['lost']:5d} {r['duplicated']:4d} {r['max_runs_per_job']:8d}"
         )
+    load_after = os.getloadavg()
+    for r in rows:
+        r["loadavg_1_5_15_before_after"] = [list(load_before), list(load_after)]
+    print(f"machine load (1/5/15 min) before {load_before}, after {load_after}; {os.cpu_count()} CPUs")
+    print(
+        "CPU per job (ms, client / server): "
+        + ", ".join(f"{r['name']} {r['client_cpu_ms_per_job']} / {r['server_cpu_ms_per_job']}" for r in rows)
+    )
     base, fault = rows
     print(
         f"faults/baseline: throughput x{fault['jobs_per_s'] / base['jobs_per_s']:.2f}, "

@@ -496,4 +496,13 @@ def serve(config: MockLabConfig) -> None:
     import uvicorn
 
     asgi = create_app(config)
-    uvicorn.run(asgi, host=config.host, port=config.port, log_level="warning", timeout_graceful_shutdown=1)
+    # keep-alive longer than the clients' idle gaps: a connection closed by the server just as the
+    # client reuses it costs a transport error and a retry
+    uvicorn.run(
+        asgi,
+        host=config.host,
+        port=config.port,
+        log_level="warning",
+        timeout_graceful_shutdown=1,
+        timeout_keep_alive=30,
+    )

@@ -20,8 +20,10 @@ is deterministic per (recipe, seed), and the seed only moves the noise.
 3. **Equilibrium** (a convex-hull decomposition): the amounts ``a_p >= 0`` of
    the stable phases that conserve every non-volatile element and minimise
    ``Σ_p a_p · n_p · g_p`` (``n_p`` non-volatile atoms per formula unit,
-   ``g_p`` a stability per such atom, 0 for shelf phases, < 0 for compounds),
-   solved as a linear program. Off-stoichiometric recipes therefore give the
+   ``g_p`` a stability per such atom: < 0 for compounds, 0 for the recipe's
+   precursors, +0.05 for turning a precursor into another shelf phase, which
+   happens only when the atmosphere forces it), solved as a linear program.
+   Off-stoichiometric recipes therefore give the
    target plus the neighbouring phases by the lever rule. An element that no
    stable phase can host leaves its precursors unreacted.
 4. **Kinetics.** The reaction reaches a fraction ``X = 1 - exp(-t / τ)`` of
@@ -72,6 +74,7 @@ DETECTION_LIMIT = 0.005
 THETA_C = 60.0
 FURNACE_SIGMA_C = 5.0
 TAU_SIGMA = 0.1
+SWAP_COST = 0.05  # per atom, for turning a precursor into another shelf phase (see ``equilibrium``)
 
 
 @dataclass(frozen=True)
@@ -287,14 +290,22 @@ def _rng(recipe: Recipe, seed: int, stream: str) -> random.Random:
     return random.Random(int.from_bytes(digest.digest()[:8], "big"))
 
 
-def equilibrium(moles: dict[str, float], phases: list[CatalogPhase]) -> dict[str, float] | None:
-    """Minimum-``Σ a n g`` amounts of ``phases`` that hold exactly ``moles`` of each element; None if impossible."""
+def equilibrium(
+    moles: dict[str, float], phases: list[CatalogPhase], keep: frozenset[str] = frozenset()
+) -> dict[str, float] | None:
+    """Minimum-``Σ a n g`` amounts of ``phases`` that hold exactly ``moles`` of each element; None if impossible.
+
+    Shelf phases not in ``keep`` (the recipe's precursors) cost ``SWAP_COST`` per atom: with O
+    exchanged freely, TiO2 and Ti would otherwise tie, and inert gas would "reduce" oxides.
+    A swap the atmosphere forces (Cu -> CuO in air: Cu is not stable there) still happens.
+    """
     from scipy.optimize import linprog
 
     elements = sorted(moles)
     a_eq = np.array([[_framework(p.formula).get(el, 0.0) for p in phases] for el in elements])  # (E, P)
     b_eq = np.array([moles[el] for el in elements])  # (E,)
-    cost = np.array([p.g * sum(_framework(p.formula).values()) for p in phases])  # (P,)
+    g = [SWAP_COST if p.on_shelf and p.phase_id not in keep else p.g for p in phases]
+    cost = np.array([gp * sum(_framework(p.formula).values()) for gp, p in zip(g, phases, strict=True)])
     solved = linprog(cost, A_eq=a_eq, b_eq=b_eq, bounds=[(0, None)] * len(phases), method="highs")
     if solved.status != 0:
         return None
@@ -321,7 +332,7 @@ def synthesize(recipe: Recipe, seed: int = 0) -> Product:
         for el, k in _framework(by_id[pid].formula).items():
             moles[el] = moles.get(el, 0.0) + n * k
     candidates = [p for p in stable if set(_framework(p.formula)) <= set(moles) and _framework(p.formula)]
-    final = equilibrium(moles, candidates) if moles else {}
+    final = equilibrium(moles, candidates, frozenset(reacting)) if moles else {}
     if final is None:  # cannot happen while every element has a host; kept as a guard
         final, conversion = dict(reacting), 0.0
     else:
@@ -398,10 +409,14 @@ def measure_product(product: Product, recipe: Recipe, seed: int) -> dict[str, An
 
 def run_synthesis(request: dict[str, Any], seed: int) -> dict[str, Any]:
     """Execute a ``synthesis`` job: synthesise, then measure. ``seed`` comes from the mock (request hash)."""
+    from threadpoolctl import threadpool_limits
+
     recipe = validate_synthesis_request(request)
     sample_seed = int(request.get("sample_seed", 0))
-    product = synthesize(recipe, sample_seed)
-    return {"recipe": recipe.to_json(), "xrd": measure_product(product, recipe, sample_seed + seed)}
+    with threadpool_limits(limits=1, user_api="blas"):  # small problems: BLAS threads only spin
+        product = synthesize(recipe, sample_seed)
+        xrd = measure_product(product, recipe, sample_seed + seed)
+    return {"recipe": recipe.to_json(), "xrd": xrd}
 
 
 def candidate_phases(recipe: Recipe) -> list[str]:

@@ -65,6 +65,7 @@ def reward_for(fraction: float) -> float:
 def analyse(xrd: dict[str, Any], target: str, candidates: list[str]) -> dict[str, Any]:
     """The lab's label-free analysis of one pattern (module-level: runs in the process pool)."""
     import numpy as np
+    from threadpoolctl import threadpool_limits
 
     from labrl.verifiers.xrd.fit import fit_phase_ids
     from labrl.verifiers.xrd.peaks import pick_peaks
@@ -72,7 +73,8 @@ def analyse(xrd: dict[str, Any], target: str, candidates: list[str]) -> dict[str
 
     counts = np.asarray(xrd["counts"], dtype=float)  # (n,)
     grid = xrd["two_theta_min"] + xrd["step"] * np.arange(len(counts))  # (n,)
-    fit = fit_phase_ids(grid, counts, candidates, Instrument.model_validate(xrd["instrument"]))
+    with threadpool_limits(limits=1, user_api="blas"):  # small solves: BLAS threads only spin
+        fit = fit_phase_ids(grid, counts, candidates, Instrument.model_validate(xrd["instrument"]))
     detected = {
         pid: round(w, 4)
         for pid, w in sorted(fit.weight_fractions.items(), key=lambda kv: -kv[1])

@@ -32,7 +32,6 @@ from pydantic import ValidationError
 
 from labrl.envs.actions import format_tool_call
 from labrl.envs.base import Env
-from labrl.offload import run_cpu
 from labrl.envs.types import (
     Action,
     Budgets,
@@ -48,6 +47,7 @@ from labrl.envs.types import (
 from labrl.envs.xrd.measure import observe
 from labrl.envs.xrd.tasks import PhaseIdConfig, build_task_prompt, candidate_answer, render_prompt
 from labrl.errors import ConfigError, EnvError, InvalidActionError
+from labrl.offload import run_cpu
 from labrl.verifiers.xrd.answer import FORMAT_HINT, ClaimedPhase, parse_answer
 from labrl.verifiers.xrd.fit import FitResult, fit_phase_ids
 from labrl.verifiers.xrd.library import load_library
@@ -198,7 +198,9 @@ class PhaseIdEnv(Env):
 
     def gold_text(self, task: Task) -> str:
         if "letter" in task.answer:
-            return candidate_answer(task.prompt["candidates"], task.answer["letter"], self.config.answer_format)
+            return candidate_answer(
+                task.prompt["candidates"], task.answer["letter"], self.config.answer_format
+            )
         return self._answer_text(task.answer["phases"], with_weights=len(task.answer["phases"]) > 1)
 
     def gold_actions(self, task: Task) -> Sequence[Action] | None:

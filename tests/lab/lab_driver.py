@@ -7,6 +7,7 @@ Appends "key<TAB>fresh|replay" to OUT for every outcome, flushing each line.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 
 from labrl.lab_adapters.journal import Journal
@@ -43,4 +44,6 @@ async def main(url: str, journal_path: str, out: str, n: int) -> None:
 
 
 if __name__ == "__main__":
+    # retries and give-ups under injected faults are expected here; only errors are worth printing
+    logging.basicConfig(level=logging.ERROR)
     asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])))

@@ -102,8 +102,13 @@ def test_sigkill_client_resumes_from_journal_without_resubmitting(tmp_path):
     env = {**os.environ, "LABRL_LAB_API_KEY": TOKEN}
     n = 200
     try:
+        # the killed child's retry warnings go to a file, not into pytest's output
+        first_log = (tmp_path / "first.log").open("wb")
         first = subprocess.Popen(
-            [sys.executable, str(DRIVER), lab.url, str(journal_path), str(out), str(n)], env=env
+            [sys.executable, str(DRIVER), lab.url, str(journal_path), str(out), str(n)],
+            env=env,
+            stdout=first_log,
+            stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # kill once some are delivered and some are in flight
@@ -117,6 +122,7 @@ def test_sigkill_client_resumes_from_journal_without_resubmitting(tmp_path):
                     break
         first.send_signal(signal.SIGKILL)
         first.wait()
+        first_log.close()
         at_kill = _journal_rows(journal_path)
         submits_at_kill = lab.stats()["submits_by_key"]
         in_flight = [k for k, (j, d) in at_kill.items() if j is not None and not d]

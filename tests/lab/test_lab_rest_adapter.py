@@ -127,7 +127,8 @@ async def test_circuit_breaker_fails_fast_then_probes(api_key):
         calls.append(1)
         return httpx.Response(500)
 
-    lab = adapter(handler, max_attempts=6, breaker_threshold=2, breaker_reset_s=0.05)
+    # reset_s far above the (<= 10 ms) backoff, so the sequence holds on a loaded machine
+    lab = adapter(handler, max_attempts=6, breaker_threshold=2, breaker_reset_s=0.5)
     with pytest.raises(LabStatusError, match=re.escape("POST /jobs: HTTP 500")):
         await lab.submit({"x": 1}, "k1")
     # attempts: fail, fail (circuit opens), fast-fail, probe fails (reopens), fast-fail, probe fails

@@ -82,6 +82,10 @@ def test_temperature_window_and_atmosphere():
     # in air copper oxidises to CuO and gold stays
     air = synthesize(recipe({"Cu": 15, "Au": 5}, 360, 48, "air"), seed=0)
     assert air.moles == pytest.approx({"CuO_15": 15.0, "Au_225": 5.0})
+    # no reductant in N2: TiO2 stays TiO2 (not Ti metal) and Si stays Si; H2 reduces CuO to Cu
+    n2 = synthesize(recipe({"Si": 15, "TiO2": 20}, 800, 12, "N2"), seed=0)
+    assert n2.moles == pytest.approx({"Si_227": 15.0, "TiO2_136": 20.0})
+    assert synthesize(recipe({"CuO": 15}, 600, 48, "H2"), seed=0).moles == pytest.approx({"Cu_225": 15.0})
     # ZnS: sphalerite below 1020 °C, wurtzite above
     assert set(synthesize(recipe({"Zn": 10, "S": 10}, 1150, 24, "vacuum"), 0).weight_fractions) == {"ZnS_186"}
 
@@ -115,7 +119,9 @@ def test_deterministic_per_recipe_and_seed_with_seeded_noise():
     assert synthesize(r, 1) == synthesize(r, 1)
     assert synthesize(r, 1).furnace_c != synthesize(r, 2).furnace_c
     assert measure_product(synthesize(r, 1), r, 1) == measure_product(synthesize(r, 1), r, 1)
-    assert measure_product(synthesize(r, 1), r, 1)["counts"] != measure_product(synthesize(r, 1), r, 2)["counts"]
+    assert (
+        measure_product(synthesize(r, 1), r, 1)["counts"] != measure_product(synthesize(r, 1), r, 2)["counts"]
+    )
 
 
 def test_measurement_is_a_noisy_pattern_with_the_target_peaks():
@@ -133,29 +139,62 @@ def test_measurement_is_a_noisy_pattern_with_the_target_peaks():
     ("data", "message"),
     [
         ("CaTiO3", "a recipe must be a JSON object, got str"),
-        ({"precursors": [], "temperature_c": 900, "time_h": 1, "atmosphere": "air"}, "invalid recipe: precursors:"),
         (
-            {"precursors": [{"formula": "Xx2O3", "mmol": 1}], "temperature_c": 900, "time_h": 1, "atmosphere": "air"},
+            {"precursors": [], "temperature_c": 900, "time_h": 1, "atmosphere": "air"},
+            "invalid recipe: precursors:",
+        ),
+        (
+            {
+                "precursors": [{"formula": "Xx2O3", "mmol": 1}],
+                "temperature_c": 900,
+                "time_h": 1,
+                "atmosphere": "air",
+            },
             "formula 'Xx2O3': 'Xx' is not an element symbol",
         ),
         (
-            {"precursors": [{"formula": "BaCO3", "mmol": 1}], "temperature_c": 900, "time_h": 1, "atmosphere": "air"},
+            {
+                "precursors": [{"formula": "BaCO3", "mmol": 1}],
+                "temperature_c": 900,
+                "time_h": 1,
+                "atmosphere": "air",
+            },
             "precursor 'BaCO3' is not on the lab's shelf; available: CaCO3, TiO2",
         ),
         (
-            {"precursors": [{"formula": "Cu", "mmol": 1}], "temperature_c": 1e6, "time_h": 1, "atmosphere": "air"},
+            {
+                "precursors": [{"formula": "Cu", "mmol": 1}],
+                "temperature_c": 1e6,
+                "time_h": 1,
+                "atmosphere": "air",
+            },
             "invalid recipe: temperature_c: Input should be less than or equal to 2000",
         ),
         (
-            {"precursors": [{"formula": "Cu", "mmol": 1}], "temperature_c": 500, "time_h": 1, "atmosphere": "plasma"},
+            {
+                "precursors": [{"formula": "Cu", "mmol": 1}],
+                "temperature_c": 500,
+                "time_h": 1,
+                "atmosphere": "plasma",
+            },
             "invalid recipe: atmosphere: Value error, unknown atmosphere 'plasma'",
         ),
         (
-            {"precursors": [{"formula": "Cu", "mmol": 1}] * 2, "temperature_c": 500, "time_h": 1, "atmosphere": "Ar"},
+            {
+                "precursors": [{"formula": "Cu", "mmol": 1}] * 2,
+                "temperature_c": 500,
+                "time_h": 1,
+                "atmosphere": "Ar",
+            },
             "precursor 'Cu' is listed twice",
         ),
         (
-            {"precursors": [{"formula": "Cu", "mmol": -1}], "temperature_c": 500, "time_h": 1, "atmosphere": "Ar"},
+            {
+                "precursors": [{"formula": "Cu", "mmol": -1}],
+                "temperature_c": 500,
+                "time_h": 1,
+                "atmosphere": "Ar",
+            },
             "invalid recipe: precursors.0.mmol: Input should be greater than 0",
         ),
     ],

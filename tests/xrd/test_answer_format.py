@@ -38,9 +38,7 @@ async def test_letter_format_is_unchanged():
 def test_formula_answer_adds_the_space_group_only_when_the_formula_is_ambiguous():
     library = load_library()
     boron = next(p for p in library if p.formula == "B")
-    twins = next(
-        (a, b) for a in library for b in library if a.formula == b.formula and a.id < b.id
-    )
+    twins = next((a, b) for a in library for b in library if a.formula == b.formula and a.id < b.id)
     other = next(p for p in library if p.formula not in ("A", "B", "C", twins[0].formula))
     cands = {"A": twins[0].id, "B": twins[1].id, "C": other.id}
     assert candidate_answer(cands, "A", "formula") == f"{twins[0].formula} {twins[0].spacegroup_symbol}"
