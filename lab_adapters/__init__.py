@@ -7,7 +7,9 @@
   or paid for twice across crashes and restarts.
 - ``SimulatorAdapter`` (``simulator``): ASE calculators off the event loop,
   cached by canonical structure hash.
-- the mock lab (``mock_server``, ``mock_process``; ``labrl lab serve-mock``).
+- the mock lab (``mock_server``, ``mock_process``; ``labrl lab serve-mock``) and
+  its simulated lab (``simlab``: echo, calculation and ``synthesis`` jobs, the
+  last a synthesis heuristic plus an XRD measurement).
 """
 
 from labrl.lab_adapters.journal import Journal, JournalEntry
