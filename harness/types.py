@@ -87,7 +87,16 @@ class Sampler(Protocol):
 
     async def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]: ...
 
-    async def update_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None: ...
+    async def update_weights(
+        self, weights: Mapping[str, torch.Tensor], version: int, *, force: bool = False
+    ) -> None:
+        """Load ``weights`` as policy ``version``; tokens generated from the next step on carry it.
+
+        Versions normally increase; ``force=True`` re-asserts a version the
+        sampler may already be past (the start or resume of a run, where the
+        learner's checkpoint is the source of truth).
+        """
+        ...
 
     async def pause(self) -> None: ...
 

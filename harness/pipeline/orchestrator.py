@@ -535,7 +535,8 @@ class Orchestrator:
         self.buffer.load_state_dict(state["buffer"])
         self.eval_history = list(state["eval_history"])
         weights = await asyncio.to_thread(self.learner.export_weights)
-        await self.sampler.update_weights(weights, self.learner.version)
+        # force: the sampler (an SGLang server outliving the run) may already be past this version
+        await self.sampler.update_weights(weights, self.learner.version, force=True)
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:

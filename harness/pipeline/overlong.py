@@ -44,8 +44,10 @@ class BudgetForcingSampler:
     def stats(self) -> dict:
         return getattr(self.inner, "stats", {})
 
-    async def update_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
-        await self.inner.update_weights(weights, version)
+    async def update_weights(
+        self, weights: Mapping[str, torch.Tensor], version: int, *, force: bool = False
+    ) -> None:
+        await self.inner.update_weights(weights, version, force=force)
 
     async def pause(self) -> None:
         await self.inner.pause()

@@ -171,32 +171,34 @@ async def train(cfg: RunConfig, *, fresh: bool = False, progress: bool | None = 
             f"(n={record['n']}, {record['time_s'] / 60:.1f} min)"
         )
 
-    sc = cfg.sampler
-    orch = Orchestrator(
-        cfg.pipeline,
-        make_env=make_env,
-        sampler=sampler,
-        learner=learner,
-        tokenizer=tokenizer,
-        sampling=SamplingParams(max_new_tokens=sc.max_new_tokens, temperature=sc.temperature, top_p=sc.top_p),
-        seed=cfg.seed,
-        run_dir=run_dir,
-        return_routed_experts=cfg.learner.router_replay,
-        on_step=on_step,
-        on_eval=on_eval,
-    )
-    if ckpt is not None:
-        await orch.resume(ckpt)
-        live.message(f"resumed from {ckpt} at step {orch.step}")
     loop = asyncio.get_running_loop()
     installed = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            loop.add_signal_handler(sig, orch.request_stop)
-            installed.append(sig)
-        except (NotImplementedError, RuntimeError):  # not the main thread
-            pass
     try:
+        sc = cfg.sampler
+        orch = Orchestrator(
+            cfg.pipeline,
+            make_env=make_env,
+            sampler=sampler,
+            learner=learner,
+            tokenizer=tokenizer,
+            sampling=SamplingParams(
+                max_new_tokens=sc.max_new_tokens, temperature=sc.temperature, top_p=sc.top_p
+            ),
+            seed=cfg.seed,
+            run_dir=run_dir,
+            return_routed_experts=cfg.learner.router_replay,
+            on_step=on_step,
+            on_eval=on_eval,
+        )
+        if ckpt is not None:
+            await orch.resume(ckpt)
+            live.message(f"resumed from {ckpt} at step {orch.step}")
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, orch.request_stop)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError):  # not the main thread
+                pass
         result = await orch.run()
     finally:
         for sig in installed:

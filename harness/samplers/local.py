@@ -167,7 +167,10 @@ class LocalSampler:
             self._runner = loop.create_task(self._drain())
         return list(await asyncio.gather(*(i.future for i in items)))
 
-    async def update_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+    async def update_weights(
+        self, weights: Mapping[str, torch.Tensor], version: int, *, force: bool = False
+    ) -> None:
+        # an in-process sampler accepts any version, so ``force`` changes nothing here
         await asyncio.to_thread(self._load, weights, version)
 
     async def pause(self) -> None:

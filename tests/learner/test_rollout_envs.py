@@ -66,7 +66,7 @@ class RecordingSampler:
         self.calls.extend(zip(requests, results, strict=True))
         return results
 
-    async def update_weights(self, weights, version):
+    async def update_weights(self, weights, version, *, force=False):
         await self.inner.update_weights(weights, version)
 
     async def pause(self):

@@ -84,9 +84,13 @@ class BigramSampler:
             rid=r.rid, output_ids=out, logprobs_T=lps, versions_T=vers, finish_reason=finish
         )
 
-    async def update_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+    async def update_weights(
+        self, weights: Mapping[str, torch.Tensor], version: int, *, force: bool = False
+    ) -> None:
         if self._active:
             self.mid_generation_updates += 1
+        if version <= self._version and self.updates and not force:
+            raise SamplerError(f"weight version must increase: {version} <= {self._version}")
         self.W = weights["W"].clone()
         self._version = version
         self.updates.append(version)

@@ -162,6 +162,9 @@ async def test_resume_continues_without_training_any_group_twice(tmp_path):
     assert inflight_at_stop  # the stop interrupted running groups
 
     orch2, records = make("pipeline", run_dir=run, steps=8, env=lambda: LetterEnv(latency_s=0.02, sigma=1.0))
+    # a sampler that outlived the run (an SGLang server) may already be past the checkpoint's version:
+    # resume must re-assert the checkpoint's weights, which only a forced update may do
+    await orch2.sampler.update_weights({"W": orch2.sampler.W}, 5)
     await orch2.resume(ckpt)
     assert orch2.learner.version == 3 and orch2.sampler.version == 3
     await orch2.run()

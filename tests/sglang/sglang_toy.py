@@ -78,7 +78,9 @@ class ToyBackend:
             )
         return results
 
-    async def update_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+    async def update_weights(
+        self, weights: Mapping[str, torch.Tensor], version: int, *, force: bool = False
+    ) -> None:
         self.updates.append((version, dict(weights)))
         self._version = version
 
