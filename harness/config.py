@@ -27,6 +27,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from labrl.errors import ConfigError
+from labrl.harness.learners.config import ReferenceKind, check_reference
 from labrl.harness.models.config import MoEModelConfig, Precision, get_preset
 from labrl.harness.objectives import ObjectiveConfig
 
@@ -92,6 +93,10 @@ class LearnerSection(_Section):
     micro_batch_size: int = Field(default=16, ge=1)
     router_replay: bool = True
     precision: Precision = "fp32"
+    reference: ReferenceKind = Field(
+        default="none",
+        description="reference policy of objective.kl_coef: none | initial (weights frozen when RL starts)",
+    )
 
 
 class OverlongSection(_Section):
@@ -167,6 +172,11 @@ class RunConfig(_Section):
     sft: SFTSection = Field(default_factory=SFTSection)
     seed: int = 0
     run_dir: str = "runs/default"
+
+    @model_validator(mode="after")
+    def _reference_matches_kl(self) -> RunConfig:
+        check_reference(self.learner.reference, self.objective.kl_coef, prefix="learner.")
+        return self
 
 
 # -- loading ---------------------------------------------------------------------

@@ -13,6 +13,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from labrl._warnings import quiet_expected_warnings
 from labrl.errors import LabrlError
 
 # group name -> (module, one-line help)
@@ -38,6 +39,7 @@ def build_parser(groups: Sequence[str] | None = None) -> argparse.ArgumentParser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    quiet_expected_warnings()
     argv = list(sys.argv[1:] if argv is None else argv)
     # Import only the named group: keeps `labrl envs list` fast.
     named = [argv[0]] if argv and argv[0] in COMMAND_GROUPS else None

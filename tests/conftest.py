@@ -8,11 +8,22 @@ from pathlib import Path
 
 import pytest
 
+from labrl._warnings import quiet_expected_warnings
+
 SUPPORT = Path(__file__).parent / "support"
 # Process-pool workers and subprocesses import fixture envs from here.
 if str(SUPPORT) not in sys.path:
     sys.path.insert(0, str(SUPPORT))
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH", "")]))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest rebuilds warning filters for every test from its ini filters: add ours there
+    from labrl._warnings import EXPECTED_ON_CPU
+
+    for message, category, module in EXPECTED_ON_CPU:
+        config.addinivalue_line("filterwarnings", f"ignore:{message}:{category.__name__}:{module}")
+    quiet_expected_warnings()
 
 
 def _cuda_available() -> bool:

@@ -9,6 +9,26 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from labrl.harness.models.config import MoEModelConfig, ParallelConfig, get_preset
 from labrl.harness.objectives import ObjectiveConfig
 
+ReferenceKind = Literal["none", "initial"]
+
+
+def check_reference(reference: str, kl_coef: float, *, prefix: str) -> None:
+    """``kl_coef > 0`` needs a reference policy, and a reference is only computed for the KL term.
+
+    ``prefix`` is ``"learner."`` in a run config, where the two fields live in different sections.
+    """
+    ref = f"{prefix}reference"
+    if kl_coef > 0 and reference == "none":
+        raise ValueError(
+            f"objective.kl_coef={kl_coef} needs a reference policy: set {ref}=initial "
+            f"(the weights frozen when RL starts), or objective.kl_coef=0"
+        )
+    if kl_coef == 0 and reference != "none":
+        raise ValueError(
+            f"{ref}={reference} is only used by the reference-KL term, which objective.kl_coef=0 turns off: "
+            f"set objective.kl_coef > 0, or {ref}=none"
+        )
+
 
 class OptimizerConfig(BaseModel):
     """AdamW with linear warmup then a constant or cosine learning rate.
@@ -52,7 +72,16 @@ class LearnerConfig(BaseModel):
     temperature: float = Field(
         default=1.0, gt=0, description="logits / temperature, as the sampler's log-probs"
     )
+    reference: ReferenceKind = Field(
+        default="none",
+        description="reference policy for objective.kl_coef > 0: 'initial' freezes the weights at the first train_step",
+    )
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _reference_matches_kl(self) -> LearnerConfig:
+        check_reference(self.reference, self.objective.kl_coef, prefix="")
+        return self
 
     @model_validator(mode="before")
     @classmethod

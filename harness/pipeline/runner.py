@@ -65,6 +65,7 @@ def build_learner(cfg: RunConfig):
             ),
             micro_batch_size=lc.micro_batch_size,
             router_replay=lc.router_replay,
+            reference=lc.reference,
             temperature=cfg.sampler.temperature,
             seed=cfg.seed,
         )
