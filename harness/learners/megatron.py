@@ -18,6 +18,15 @@ Router replay (R3): when the batch carries ``routed_experts_B_T_L_K`` and
 routes each token to exactly the experts the sampler used; the gate
 probabilities are still recomputed from the learner's scores, so the router
 keeps receiving gradient.
+
+Reference policy (``reference="initial"``, for ``objective.kl_coef > 0``): a
+second, frozen copy of the model takes the policy's weights at the first
+``train_step`` — after any warm start, when RL begins — and never trains. The
+no-grad pass computes, per micro-batch, ``old`` from the policy and ``ref``
+from the frozen copy, both with the sampler's routing replayed when router
+replay is on; the objective adds ``kl_coef * k(logp, ref)`` per token. The
+frozen weights are part of every checkpoint, so a resumed run keeps the
+original reference.
 """
 
 from __future__ import annotations
@@ -54,6 +63,27 @@ class MegatronLearner:
         self.step = 0
         self._version = 0
         self.num_parameters = count_parameters(self.model)
+        # Built now (init uses a forked RNG, so nothing else shifts); filled at the first train_step.
+        self.reference_model = None
+        self._reference_frozen = False
+        if cfg.reference == "initial":
+            self.reference_model = build_gpt_model(
+                cfg.model, cfg.parallel, seed=cfg.seed, routing_replay=True
+            )
+            self.reference_model.train()  # the policy's mode, so equal weights give bit-equal log-probs
+            self.reference_model.requires_grad_(False)
+
+    @property
+    def reference_frozen(self) -> bool:
+        """Whether the reference weights have been taken (at the first train_step or from a checkpoint)."""
+        return self._reference_frozen
+
+    def freeze_reference(self) -> None:
+        """Copy the policy's current weights into the reference (done by the first ``train_step``)."""
+        if self.reference_model is None:
+            raise ConfigError("freeze_reference needs LearnerConfig.reference='initial'")
+        self.reference_model.load_state_dict(self.model.state_dict())
+        self._reference_frozen = True
 
     # -- Learner protocol ----------------------------------------------------
 
@@ -74,8 +104,14 @@ class MegatronLearner:
         started = time.perf_counter()
         self._check_batch(batch)
         replay = batch.routed_experts_B_T_L_K if cfg.router_replay else None
-        old_B_T = self.logprobs(batch.tokens_B_T, replay)
-        inputs = objectives.ObjectiveInputs.from_train_batch(batch, old_B_T, self._version)
+        ref_B_T = None
+        if self.reference_model is not None:
+            if not self._reference_frozen:
+                self.freeze_reference()
+            old_B_T, ref_B_T = self.logprobs_with_reference(batch.tokens_B_T, replay)
+        else:
+            old_B_T = self.logprobs(batch.tokens_B_T, replay)
+        inputs = objectives.ObjectiveInputs.from_train_batch(batch, old_B_T, self._version, ref_B_T)
         prepared = objectives.prepare(cfg.objective, inputs)
         self.optimizer.zero_grad(set_to_none=True)
         micro_metrics = []
@@ -105,6 +141,7 @@ class MegatronLearner:
             "learner/tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
             "learner/tokens": float(tokens),
             "learner/router_replay": float(replay is not None),
+            "learner/reference": float(ref_B_T is not None),
             "learner/version": float(self._version),
         }
         return out
@@ -122,6 +159,10 @@ class MegatronLearner:
             "config": self.config.model_dump(mode="json"),
             "rng": torch.get_rng_state(),
         }
+        if self.reference_model is not None and self._reference_frozen:
+            state["reference"] = {
+                k: v for k, v in self.reference_model.state_dict().items() if not k.endswith("_extra_state")
+            }
         tmp = target.with_name(target.name + ".tmp")
         torch.save(state, tmp)
         os.replace(tmp, target)
@@ -139,11 +180,33 @@ class MegatronLearner:
             raise LearnerError(
                 f"checkpoint {path}: missing {missing[:5]}, unexpected {result.unexpected_keys[:5]}"
             )
+        self._load_reference(path, state)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
         self._version = int(state["version"])
         torch.set_rng_state(state["rng"])
+
+    def _load_reference(self, path: str, state: dict) -> None:
+        ref = state.get("reference")
+        if self.reference_model is None:
+            return  # a checkpoint written with a reference resumes fine without one
+        if ref is None:
+            if int(state["step"]) > 0:
+                raise LearnerError(
+                    f"checkpoint {path} (step {state['step']}) holds no reference weights: it was written with "
+                    "learner.reference=none, so the weights at the start of RL are lost; resume with "
+                    "learner.reference=none and objective.kl_coef=0, or start a new run"
+                )
+            self._reference_frozen = False  # step 0: the first train_step freezes the loaded weights
+            return
+        result = self.reference_model.load_state_dict(ref, strict=False)
+        missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
+        if missing or result.unexpected_keys:
+            raise LearnerError(
+                f"checkpoint {path} reference: missing {missing[:5]}, unexpected {result.unexpected_keys[:5]}"
+            )
+        self._reference_frozen = True
 
     # -- log-probs and routing -----------------------------------------------
 
@@ -156,6 +219,27 @@ class MegatronLearner:
                 routed = None if routed_B_T_L_K is None else routed_B_T_L_K[sl]
                 out.append(self._logprobs_with_grad(tokens_B_T[sl], routed))
         return torch.cat(out, dim=0)
+
+    def logprobs_with_reference(
+        self, tokens_B_T: torch.Tensor, routed_B_T_L_K: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Policy and reference log-probs ``(B, T)`` each, in one no-grad pass over the micro-batches.
+
+        Both forwards of a micro-batch replay the same routed experts, so the
+        reference is evaluated on the routing the tokens were sampled with.
+        """
+        if self.reference_model is None or not self._reference_frozen:
+            raise ConfigError(
+                "logprobs_with_reference needs a frozen reference (LearnerConfig.reference='initial')"
+            )
+        old, ref = [], []
+        with torch.no_grad():
+            for start in range(0, tokens_B_T.shape[0], self.config.micro_batch_size):
+                sl = slice(start, start + self.config.micro_batch_size)
+                routed = None if routed_B_T_L_K is None else routed_B_T_L_K[sl]
+                old.append(self._logprobs_with_grad(tokens_B_T[sl], routed))
+                ref.append(self._logprobs_with_grad(tokens_B_T[sl], routed, model=self.reference_model))
+        return torch.cat(old, dim=0), torch.cat(ref, dim=0)
 
     def route(self, tokens_B_T: torch.Tensor) -> torch.Tensor:
         """The experts the learner's own routers pick, ``(B, T, L, K)`` (no replay)."""
@@ -180,21 +264,25 @@ class MegatronLearner:
                         r.clear_indices()
         return torch.cat(out, dim=0)
 
-    def _logits(self, tokens_B_T: torch.Tensor) -> torch.Tensor:
+    def _logits(self, tokens_B_T: torch.Tensor, model: torch.nn.Module | None = None) -> torch.Tensor:
         B, T = tokens_B_T.shape
         positions = torch.arange(T).expand(B, T)
-        return self.model(
+        return (model if model is not None else self.model)(
             input_ids=tokens_B_T, position_ids=positions, attention_mask=causal_attention_mask(T)
         )
 
     def _logprobs_with_grad(
-        self, tokens_B_T: torch.Tensor, routed_B_T_L_K: torch.Tensor | None
+        self,
+        tokens_B_T: torch.Tensor,
+        routed_B_T_L_K: torch.Tensor | None,
+        model: torch.nn.Module | None = None,
     ) -> torch.Tensor:
+        model = model if model is not None else self.model
         if routed_B_T_L_K is None:
-            logits = self._logits(tokens_B_T)
+            logits = self._logits(tokens_B_T, model)
         else:
-            with replay_routing(self.model, routed_B_T_L_K):
-                logits = self._logits(tokens_B_T)
+            with replay_routing(model, routed_B_T_L_K):
+                logits = self._logits(tokens_B_T, model)
         logp_B_Tm1_V = torch.log_softmax(logits[:, :-1].float() / self.config.temperature, dim=-1)
         logp = logp_B_Tm1_V.gather(-1, tokens_B_T[:, 1:, None]).squeeze(-1)  # (B, T-1)
         return torch.cat([torch.zeros_like(logp[:, :1]), logp], dim=1)  # (B, T)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import time
 from collections import Counter
@@ -60,8 +61,82 @@ STATE_FILE = "pipeline.pt"
 LEARNER_FILE = "learner.pt"
 
 
+SUMMARY_FILE = "summary.json"
+
+
 class PipelineStalledError(LabrlError, RuntimeError):
-    """Dynamic sampling keeps dropping groups: the batch cannot fill with a learning signal."""
+    """Dynamic sampling keeps dropping groups: the batch cannot fill with a learning signal.
+
+    Raised after the run was checkpointed (when it has a run directory), so it is resumable.
+    """
+
+
+@dataclasses.dataclass
+class DropStreak:
+    """The groups dropped since the last kept group (or learner step), by kind."""
+
+    all_correct: int = 0  # every trainable reward 1: the policy solves the task
+    all_wrong: int = 0  # every trainable reward 0: the policy fails it
+    constant: int = 0  # one identical partial reward
+    untrainable: int = 0  # no trainable episode (timeouts, env / verifier errors)
+    reward_sum: float = 0.0  # sum of the mean trainable reward of each scored dropped group
+
+    @property
+    def count(self) -> int:
+        return self.all_correct + self.all_wrong + self.constant + self.untrainable
+
+    @property
+    def scored(self) -> int:
+        return self.all_correct + self.all_wrong + self.constant
+
+    def add(self, group: Group) -> None:
+        rewards = [float(t.reward) for t in group.trainable]  # type: ignore[arg-type]
+        if not rewards:
+            self.untrainable += 1
+            return
+        mean = sum(rewards) / len(rewards)
+        self.reward_sum += mean
+        if min(rewards) >= 1.0 - 1e-9:
+            self.all_correct += 1
+        elif max(rewards) <= 1e-9:
+            self.all_wrong += 1
+        else:
+            self.constant += 1
+
+
+_DIAGNOSIS = {
+    "all_correct": (
+        "Most dropped groups were all-correct: the policy solves these train tasks every time, so they "
+        "hold nothing left to learn (the reward is not broken; training may have converged)"
+    ),
+    "all_wrong": (
+        "Most dropped groups were all-wrong: the policy fails these train tasks every time, so "
+        "group-relative advantages carry no signal (check the env's rewards, or warm-start closer to the task)"
+    ),
+    "constant": (
+        "Most dropped groups got one identical partial reward: check that the env's reward varies with the answer"
+    ),
+    "untrainable": (
+        "Most dropped groups had no trainable episode (timeouts, env or verifier errors): "
+        "see episodes/masked_* in metrics.jsonl"
+    ),
+}
+
+
+def stall_message(streak: DropStreak, cfg: PipelineSection) -> str:
+    """What the stall guard says: how many groups of which kind, why, and the knobs."""
+    kinds = {k: getattr(streak, k) for k in _DIAGNOSIS}
+    dominant = max(kinds, key=lambda k: kinds[k])  # ties: the first listed
+    mean = f"{streak.reward_sum / streak.scored:.3f}" if streak.scored else "n/a"
+    limit = cfg.max_oversample_factor * cfg.batch_groups
+    return (
+        f"dynamic sampling dropped {streak.count} groups in a row, more than pipeline.max_oversample_factor x "
+        f"pipeline.batch_groups = {cfg.max_oversample_factor:g} x {cfg.batch_groups} = {limit:g}: "
+        f"{streak.all_correct} all-correct, {streak.all_wrong} all-wrong, {streak.constant} with another "
+        f"constant reward, {streak.untrainable} untrainable; mean reward of the dropped groups {mean}. "
+        f"{_DIAGNOSIS[dominant]}. To go on, raise pipeline.max_oversample_factor, or set "
+        f"pipeline.dynamic_sampling=false with objective.advantages=whiten (trains on every group)."
+    )
 
 
 def task_seed(run_seed: int, index: int) -> int:
@@ -131,7 +206,7 @@ class Orchestrator:
         self._pending_weights: tuple[dict[str, torch.Tensor], int] | None = None
         self._sync_lock = asyncio.Lock()
         self._eval_task: asyncio.Task | None = None
-        self._drops_since_step = 0
+        self._drops = DropStreak()
         self._window = self._new_window()
         self._learner_busy_s = 0.0
         self._started = time.perf_counter()
@@ -183,10 +258,9 @@ class Orchestrator:
             if self.cfg.eval_every > 0 and self.step == 0:
                 await self._evaluate(self.step)
             await self._train_loop(timer)
-            if self._failure is not None:
-                raise self._failure
             if (
-                self.cfg.eval_every > 0
+                self._failure is None
+                and self.cfg.eval_every > 0
                 and not self._stopping
                 and (not self.eval_history or self.eval_history[-1]["step"] != self.step)
             ):
@@ -208,16 +282,44 @@ class Orchestrator:
             )
             # groups cancelled mid-flight restart on resume, ahead of new ones
             self.restart_queue = sorted(set(self.restart_queue) | set(inflight))
-            if self.run_dir is not None and self._failure is None:
-                self.save_checkpoint()
+            stalled = isinstance(self._failure, PipelineStalledError)
+            if self.run_dir is not None and (self._failure is None or stalled):
+                target = self.save_checkpoint()
+                if stalled:
+                    self._failure = self._stalled_with_checkpoint(self._failure, target)  # type: ignore[arg-type]
             if self._trained_log is not None:
                 self._trained_log.close()
+        if self._failure is not None:
+            raise self._failure
+        return self.summary()
+
+    def summary(self) -> dict[str, Any]:
         return {
             "step": self.step,
             "wall_s": time.perf_counter() - self._started,
             "counters": dict(self.buffer.counters),
             "eval": self.eval_history[-1] if self.eval_history else None,
         }
+
+    def _stalled_with_checkpoint(self, exc: PipelineStalledError, target: Path) -> PipelineStalledError:
+        """Write ``summary.json`` for the stalled run; the error, extended with where to resume from."""
+        assert self.run_dir is not None
+        message = (
+            f"{exc} Nothing is lost: the run stopped at step {self.step} and wrote {target} and "
+            f"{self.run_dir / SUMMARY_FILE}; rerun the same command with the change (e.g. "
+            f"pipeline.max_oversample_factor={2 * self.cfg.max_oversample_factor:g}) to resume from step {self.step}."
+        )
+        summary = self.summary() | {
+            "interrupted": True,
+            "stalled": True,
+            "error": message,
+            "checkpoint": str(target),
+            "eval_history": self.eval_history,
+        }
+        tmp = self.run_dir / (SUMMARY_FILE + ".tmp")
+        tmp.write_text(json.dumps(summary, indent=2, default=str))
+        os.replace(tmp, self.run_dir / SUMMARY_FILE)
+        return PipelineStalledError(message)
 
     # -- producer -----------------------------------------------------------------
 
@@ -269,16 +371,12 @@ class Orchestrator:
             verdict = self.buffer.add(group)
             self._record_episodes(processed)
             if verdict == "kept":
-                self._drops_since_step = 0
+                self._drops = DropStreak()
             else:
-                self._drops_since_step += 1
+                self._drops.add(group)
                 limit = self.cfg.max_oversample_factor * self.cfg.batch_groups
-                if self.cfg.dynamic_sampling and self._drops_since_step > limit:
-                    raise PipelineStalledError(
-                        f"dynamic sampling dropped {self._drops_since_step} groups in a row (no reward variance or no "
-                        f"trainable episode): the policy gets no signal. Check the env's rewards, turn "
-                        f"pipeline.dynamic_sampling off, or raise pipeline.max_oversample_factor"
-                    )
+                if self.cfg.dynamic_sampling and self._drops.count > limit:
+                    raise PipelineStalledError(stall_message(self._drops, self.cfg))
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
@@ -319,7 +417,7 @@ class Orchestrator:
                 self._learner_busy = False
                 self._learner_busy_s += time.perf_counter() - t0
             self.step += 1
-            self._drops_since_step = 0
+            self._drops = DropStreak()
             indices = [g.index for g in groups]
             self.trained_groups.extend(indices)
             if self._trained_log is not None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 import torch
@@ -125,16 +124,83 @@ async def test_dynamic_sampling_oversamples_to_keep_batches_full():
     assert c["groups_added"] == c["groups_kept"] + c["groups_zero_variance"]
 
 
-async def test_stalled_dynamic_sampling_raises_a_clear_error():
-    class Constant(LetterEnv):
-        async def step(self, action):
-            from labrl.envs import StepResult
+class ConstantReward(LetterEnv):
+    reward = 0.0
 
-            return StepResult(reward=0.0, done=True)
+    async def step(self, action):
+        from labrl.envs import StepResult
 
-    orch, _ = make("pipeline", env=Constant, max_oversample_factor=2.0)
-    with pytest.raises(PipelineStalledError, match=re.escape("dynamic sampling dropped 7 groups in a row")):
+        return StepResult(reward=self.reward, done=True)
+
+
+class SolvesEverything(ConstantReward):
+    reward = 1.0
+
+
+def stalled_message(kind: str, correct: int, wrong: int, mean: str) -> str:
+    diagnosis = {
+        "all_correct": (
+            "Most dropped groups were all-correct: the policy solves these train tasks every time, so they "
+            "hold nothing left to learn (the reward is not broken; training may have converged)"
+        ),
+        "all_wrong": (
+            "Most dropped groups were all-wrong: the policy fails these train tasks every time, so "
+            "group-relative advantages carry no signal (check the env's rewards, or warm-start closer to the task)"
+        ),
+    }[kind]
+    return (
+        "dynamic sampling dropped 7 groups in a row, more than pipeline.max_oversample_factor x "
+        f"pipeline.batch_groups = 2 x 3 = 6: {correct} all-correct, {wrong} all-wrong, 0 with another "
+        f"constant reward, 0 untrainable; mean reward of the dropped groups {mean}. {diagnosis}. To go on, "
+        "raise pipeline.max_oversample_factor, or set pipeline.dynamic_sampling=false with "
+        "objective.advantages=whiten (trains on every group)."
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "kind", "correct", "wrong", "mean"),
+    [(ConstantReward, "all_wrong", 0, 7, "0.000"), (SolvesEverything, "all_correct", 7, 0, "1.000")],
+)
+async def test_stall_guard_says_which_kind_of_group_was_dropped_and_checkpoints_first(
+    tmp_path, env, kind, correct, wrong, mean
+):
+    run = tmp_path / "run"
+    orch, _ = make("pipeline", env=env, max_oversample_factor=2.0, run_dir=run)
+    ckpt = run / "checkpoints" / "step_000000"
+    expected = (
+        stalled_message(kind, correct, wrong, mean)
+        + f" Nothing is lost: the run stopped at step 0 and wrote {ckpt} and {run / 'summary.json'}; rerun the "
+        "same command with the change (e.g. pipeline.max_oversample_factor=4) to resume from step 0."
+    )
+    with pytest.raises(PipelineStalledError) as info:
         await orch.run()
+    assert str(info.value) == expected
+    assert latest_checkpoint(run) == ckpt
+    state = torch.load(ckpt / "pipeline.pt", weights_only=False)
+    assert state["buffer"]["counters"]["groups_zero_variance"] >= 7
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stalled"] is True and summary["interrupted"] is True
+    assert summary["error"] == expected and summary["checkpoint"] == str(ckpt)
+    assert summary["counters"] == state["buffer"]["counters"]
+
+    # resumable: the same run without dynamic sampling trains on from the checkpoint
+    orch2, records = make("pipeline", env=env, run_dir=run, steps=2, dynamic_sampling=False)
+    await orch2.resume(ckpt)
+    await orch2.run()
+    assert [r["step"] for r in records] == [1, 2]
+    # the dropped groups stay dropped: only the groups cut off in flight and new ones are trained
+    restarted = {i for i, _ in state["inflight"]}
+    assert set(orch2.trained_groups) <= restarted | set(
+        range(state["next_group_index"], orch2.next_group_index)
+    )
+    assert len(orch2.trained_groups) == 6
+
+
+async def test_stall_guard_without_run_dir_only_raises():
+    orch, _ = make("pipeline", env=ConstantReward, max_oversample_factor=2.0)
+    with pytest.raises(PipelineStalledError) as info:
+        await orch.run()
+    assert str(info.value) == stalled_message("all_wrong", 0, 7, "0.000")
 
 
 async def test_sync_mode_is_deterministic_under_a_seed():

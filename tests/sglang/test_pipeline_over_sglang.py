@@ -81,7 +81,15 @@ def test_quickstart_sglang_config_exports_a_servable_model(tmp_path):
     path = export_run_model(str(config), str(tmp_path / "served"))
     server = local_fake_server(path)
     model_cfg = cfg.model.resolve()
-    assert server.config.num_hidden_layers == model_cfg.num_layers == 4
-    assert server.config.moe_layers == (0, 1, 2, 3) and server.config.topk == 2
+    # the quickstart's task and model (configs/quickstart.yaml), served over SGLang's API
+    quickstart = load_run_config(config.parent / "quickstart.yaml")
+    assert (cfg.env, cfg.model, cfg.objective, cfg.sft) == (
+        quickstart.env,
+        quickstart.model,
+        quickstart.objective,
+        quickstart.sft,
+    )
+    assert server.config.num_hidden_layers == model_cfg.num_layers == 2
+    assert server.config.moe_layers == (0, 1) and server.config.topk == 2
     assert server.config.eos_token_ids == (259,)  # <|im_end|>: SGLang stops at the checkpoint's eos
     assert server.weight_version == "0"
