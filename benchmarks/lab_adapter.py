@@ -177,23 +177,20 @@ def main() -> None:
     )
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "lab_adapter.json").write_text(json.dumps(rows, indent=1))
-    try:
-        import matplotlib
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        for r in rows:
-            ax.hist(r["latencies"], bins=60, histtype="step", label=f"{r['name']} (p99 {r['p99_s']:.1f} s)")
-        ax.set_xlabel("end-to-end latency per job (s)")
-        ax.set_ylabel("jobs")
-        ax.set_title(f"{args.jobs} concurrent lab jobs, median lab latency {args.latency:g} s")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(RESULTS / "lab_adapter.png", dpi=120)
-    except ImportError:
-        pass
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for r in rows:
+        ax.hist(r["latencies"], bins=60, histtype="step", label=f"{r['name']} (p99 {r['p99_s']:.1f} s)")
+    ax.set_xlabel("end-to-end latency per job (s)")
+    ax.set_ylabel("jobs")
+    ax.set_title(f"{args.jobs} concurrent lab jobs, median lab latency {args.latency:g} s")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(RESULTS / "lab_adapter.png", dpi=120)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,11 @@ async def run(base_url: str, batch: str, concurrency: int, repeats: int = 3) -> 
     config = JudgeConfig(base_url=base_url, model="mock", batch=batch, max_concurrency=concurrency)  # type: ignore[arg-type]
     async with JudgeClient(config, cache=JudgeCache()) as client:
         grader = RubricGrader([client])
-        jobs = [(t.rubric, f"{t.reference_answer} (variant {r})", t.question) for r in range(repeats) for t in tasks]
+        jobs = [
+            (t.rubric, f"{t.reference_answer} (variant {r})", t.question)
+            for r in range(repeats)
+            for t in tasks
+        ]
         t0 = time.perf_counter()
         cold = await asyncio.gather(*(grader.grade(*job) for job in jobs))
         cold_s = time.perf_counter() - t0
@@ -61,7 +65,9 @@ def main() -> None:
                 row.update(asyncio.run(run(server.base_url, batch, concurrency)))
                 rows.append(row)
     base = rows[0]["cold_responses_per_s"]
-    print(f"{'batch':<9} {'conc':>4} {'resp':>5} {'requests':>8} {'cold resp/s':>11} {'x base':>7} {'warm resp/s':>11}")
+    print(
+        f"{'batch':<9} {'conc':>4} {'resp':>5} {'requests':>8} {'cold resp/s':>11} {'x base':>7} {'warm resp/s':>11}"
+    )
     for r in rows:
         print(
             f"{r['batch']:<9} {r['max_concurrency']:>4} {r['responses']:>5} {r['judge_requests']:>8} "

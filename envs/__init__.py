@@ -12,7 +12,6 @@ from labrl.envs.actions import format_tool_call, parse_action
 from labrl.envs.base import Env
 from labrl.envs.budgets import BudgetedEnv
 from labrl.envs.checker import CheckReport, check_env, check_env_async
-from labrl.offload import run_cpu, run_killable
 from labrl.envs.registry import deregister, load_plugins, make, register, registered_ids, spec
 from labrl.envs.runner import Episode, Policy, Turn, run_episode, scripted_policy
 from labrl.envs.types import (
@@ -27,6 +26,7 @@ from labrl.envs.types import (
     ToolCall,
     ToolSpec,
 )
+from labrl.offload import run_cpu, run_killable
 
 __all__ = [
     "Action",

@@ -32,10 +32,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, ClassVar, TypeVar
 
-from labrl.offload import run_cpu
 from labrl.envs.pools import get_pool
 from labrl.envs.types import Action, EnvSpec, Observation, Split, StepResult, Task
 from labrl.errors import ConfigError, EnvTimeoutError, VerifierError
+from labrl.offload import run_cpu
 
 T = TypeVar("T")
 

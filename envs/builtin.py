@@ -11,7 +11,6 @@ from labrl.envs.registry import register
 
 
 def register_builtin_envs() -> None:
-    # one line per env: register("ns/name-vN", entry_point="labrl.envs.pkg:Class", **defaults)
     register("judged/science-qa-v0", entry_point="labrl.envs.judged:ScienceQAEnv")
     register("xrd/phase-id-v0", entry_point="labrl.envs.xrd:PhaseIdEnv")
     register("xrd/phase-id-tools-v0", entry_point="labrl.envs.xrd:PhaseIdToolsEnv")
@@ -19,4 +18,3 @@ def register_builtin_envs() -> None:
     register("sim/structure-search-v0", entry_point="labrl.envs.sim:StructureSearchEnv")
     register("lab/synthesis-v0", entry_point="labrl.envs.lab:SynthesisEnv")
     register("lab/synthesis-multiturn-v0", entry_point="labrl.envs.lab:SynthesisMultiTurnEnv")
-    pass

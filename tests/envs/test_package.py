@@ -10,7 +10,13 @@ import labrl.envs
 import labrl.errors
 
 ROOT = Path(__file__).parents[2]
-MAPPED = {"labrl": "labrl", "labrl.envs": "envs", "labrl.verifiers": "verifiers", "labrl.lab_adapters": "lab_adapters", "labrl.harness": "harness"}
+MAPPED = {
+    "labrl": "labrl",
+    "labrl.envs": "envs",
+    "labrl.verifiers": "verifiers",
+    "labrl.lab_adapters": "lab_adapters",
+    "labrl.harness": "harness",
+}
 
 
 def test_every_subpackage_is_listed_in_pyproject():
@@ -27,7 +33,9 @@ def test_every_subpackage_is_listed_in_pyproject():
 def test_public_surface():
     assert (ROOT / "labrl" / "py.typed").exists()
     assert set(labrl.__all__) == {"ConfigError", "LabrlError", "__version__", "errors"}
-    assert {"make", "register", "run_episode", "check_env", "Env", "Outcome", "StepResult"} <= set(labrl.envs.__all__)
+    assert {"make", "register", "run_episode", "check_env", "Env", "Outcome", "StepResult"} <= set(
+        labrl.envs.__all__
+    )
     for name in labrl.envs.__all__:
         assert getattr(labrl.envs, name) is not None
     for name in labrl.errors.__all__:
@@ -40,7 +48,12 @@ def test_errors_pickle_and_subclass_builtins():
 
     from labrl.errors import ConfigError, EnvTimeoutError, InvalidActionError, LabTransportError
 
-    for error, builtin in [(ConfigError, ValueError), (EnvTimeoutError, TimeoutError), (InvalidActionError, ValueError), (LabTransportError, ConnectionError)]:
+    for error, builtin in [
+        (ConfigError, ValueError),
+        (EnvTimeoutError, TimeoutError),
+        (InvalidActionError, ValueError),
+        (LabTransportError, ConnectionError),
+    ]:
         exc = error("what to fix")
         assert isinstance(exc, builtin)
         again = pickle.loads(pickle.dumps(exc))

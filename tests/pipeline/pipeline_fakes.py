@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from labrl.envs import Action, Env, EnvSpec, Message, Observation, StepResult, Task
+from labrl.errors import SamplerError
 from labrl.harness import objectives
 from labrl.harness.objectives import ObjectiveConfig
 from labrl.harness.tokenizer import ByteTokenizer

@@ -8,6 +8,7 @@ import pytest
 import torch
 from pipeline_fakes import BigramLearner, BigramSampler, LetterEnv
 
+from labrl.errors import SamplerError
 from labrl.harness.config import PipelineSection
 from labrl.harness.pipeline import Orchestrator, PipelineStalledError, latest_checkpoint
 from labrl.harness.tokenizer import ByteTokenizer
@@ -231,6 +232,8 @@ async def test_resume_continues_without_training_any_group_twice(tmp_path):
     # a sampler that outlived the run (an SGLang server) may already be past the checkpoint's version:
     # resume must re-assert the checkpoint's weights, which only a forced update may do
     await orch2.sampler.update_weights({"W": orch2.sampler.W}, 5)
+    with pytest.raises(SamplerError, match="weight version must increase: 3 <= 5"):
+        await orch2.sampler.update_weights({"W": orch2.sampler.W}, 3)
     await orch2.resume(ckpt)
     assert orch2.learner.version == 3 and orch2.sampler.version == 3
     await orch2.run()

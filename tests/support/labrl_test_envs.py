@@ -13,8 +13,8 @@ import time
 from typing import Any, ClassVar
 
 from labrl.envs import Action, Budgets, Env, EnvSpec, Message, Observation, StepResult, Task, ToolSpec
-from labrl.offload import run_cpu, run_killable
 from labrl.errors import InvalidActionError, TransientEnvError, VerifierError
+from labrl.offload import run_cpu, run_killable
 
 WORDS = (
     "quartz",
