@@ -54,9 +54,23 @@ class ModelSection(_Section):
     overrides: dict[str, Any] = Field(
         default_factory=dict, description="MoEModelConfig fields changed from the preset"
     )
+    init_from_hf: str | None = Field(
+        default=None,
+        description="start from a Hugging Face MoE checkpoint directory (Qwen3-MoE or Mixtral layout): "
+        "the shape comes from its config.json (replacing the preset), the tokenizer from its tokenizer files, "
+        "and its weights are loaded before the warm start",
+    )
 
     def resolve(self) -> MoEModelConfig:
-        base = get_preset(self.preset)
+        if self.init_from_hf is not None:
+            from labrl.harness.hf_import import config_from_hf
+
+            path = Path(self.init_from_hf)
+            if not (path / "config.json").is_file():
+                raise ConfigError(f"model.init_from_hf={self.init_from_hf!r}: no config.json in that directory")
+            base = config_from_hf(path)
+        else:
+            base = get_preset(self.preset)
         if not self.overrides:
             return base
         try:

@@ -36,7 +36,7 @@ from labrl.harness.config import RunConfig, dump_run_config
 from labrl.harness.metrics import JsonlWriter, LiveProgress
 from labrl.harness.pipeline.orchestrator import Orchestrator, latest_checkpoint
 from labrl.harness.pipeline.overlong import BudgetForcingSampler
-from labrl.harness.tokenizer import ByteTokenizer
+from labrl.harness.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from labrl.harness.types import SamplingParams
 
 
@@ -70,6 +70,20 @@ def build_learner(cfg: RunConfig):
             seed=cfg.seed,
         )
     )
+
+
+def build_tokenizer(cfg: RunConfig) -> Tokenizer:
+    """The byte tokenizer of the from-scratch presets, or the tokenizer shipped with ``model.init_from_hf``."""
+    if cfg.model.init_from_hf is None:
+        return ByteTokenizer()
+    return HFTokenizer(cfg.model.init_from_hf)
+
+
+def initialise_from_hf(learner, path: str, model_cfg) -> None:
+    """Load a Hugging Face MoE checkpoint's weights into the learner's megatron-core model."""
+    from labrl.harness.hf_import import load_hf_checkpoint, load_into_model
+
+    load_into_model(learner.model, load_hf_checkpoint(path, model_cfg))
 
 
 async def build_sampler(cfg: RunConfig, learner, tokenizer):
@@ -129,11 +143,11 @@ async def train(cfg: RunConfig, *, fresh: bool = False, progress: bool | None = 
     (run_dir / "config.yaml").write_text(dump_run_config(cfg))
     torch.set_num_threads(cfg.pipeline.torch_threads)
     torch.manual_seed(cfg.seed)
-    tokenizer = ByteTokenizer()
+    tokenizer = build_tokenizer(cfg)
     model_cfg = cfg.model.resolve()
     if model_cfg.vocab_size != tokenizer.vocab_size:
         raise ConfigError(
-            f"model vocab_size {model_cfg.vocab_size} differs from the byte tokenizer's {tokenizer.vocab_size}: "
+            f"model vocab_size {model_cfg.vocab_size} differs from the tokenizer's {tokenizer.vocab_size}: "
             "set model.overrides.vocab_size"
         )
     make_env = make_env_factory(cfg)
@@ -141,6 +155,8 @@ async def train(cfg: RunConfig, *, fresh: bool = False, progress: bool | None = 
     live = LiveProgress(cfg.pipeline.total_steps, rich_view=show)
     started = time.perf_counter()
     learner = build_learner(cfg)
+    if ckpt is None and cfg.model.init_from_hf is not None:  # a resumed run loads its own checkpoint
+        initialise_from_hf(learner, cfg.model.init_from_hf, model_cfg)
     sft_s = 0.0
     if ckpt is None and cfg.sft.enabled:
         from labrl.harness.sft import run_sft

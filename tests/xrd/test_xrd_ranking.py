@@ -1,4 +1,4 @@
-"""The label-free reward ranks the true phase set above hard wrong sets (reported in docs/xrd.md)."""
+"""The label-free reward ranks the true phase set above hard wrong sets (figure in benchmarks/README.md)."""
 
 from __future__ import annotations
 
