@@ -4,22 +4,12 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from labrl.cli import main
-from labrl.envs import deregister, register
 from labrl.harness.config import build_run_config
 from labrl.harness.pipeline.runner import train
 
 TINY = {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 2, "ffn_hidden_size": 64,
         "moe_ffn_hidden_size": 32, "num_experts": 4, "max_sequence_length": 64}  # fmt: skip
-
-
-@pytest.fixture
-def letter_env():
-    register("test/letter-v0", entry_point="pipeline_fakes:LetterEnv")
-    yield "test/letter-v0"
-    deregister("test/letter-v0")
 
 
 def run_config(env_id: str, run_dir, **pipeline) -> dict:

@@ -7,7 +7,7 @@ import re
 
 import pytest
 import torch
-from test_pipeline_train_e2e import TINY, letter_env, run_config  # noqa: F401  (fixture)
+from test_pipeline_train_e2e import TINY, run_config
 
 from labrl.errors import ConfigError
 from labrl.harness.config import build_run_config
