@@ -67,7 +67,9 @@ class ModelSection(_Section):
 
             path = Path(self.init_from_hf)
             if not (path / "config.json").is_file():
-                raise ConfigError(f"model.init_from_hf={self.init_from_hf!r}: no config.json in that directory")
+                raise ConfigError(
+                    f"model.init_from_hf={self.init_from_hf!r}: no config.json in that directory"
+                )
             base = config_from_hf(path)
         else:
             base = get_preset(self.preset)

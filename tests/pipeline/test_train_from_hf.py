@@ -56,5 +56,7 @@ async def test_train_runs_from_an_hf_checkpoint(letter_env, tmp_path):
 def test_missing_checkpoint_is_a_config_error(letter_env, tmp_path):
     raw = run_config(letter_env, tmp_path / "run")
     raw["model"] = {"init_from_hf": str(tmp_path / "nowhere")}
-    with pytest.raises(ConfigError, match=re.escape(f"model.init_from_hf={str(tmp_path / 'nowhere')!r}: no config.json")):
+    with pytest.raises(
+        ConfigError, match=re.escape(f"model.init_from_hf={str(tmp_path / 'nowhere')!r}: no config.json")
+    ):
         build_run_config(raw).model.resolve()
