@@ -42,6 +42,7 @@ from labrl.envs import (
     run_episode,
 )
 from labrl.envs.types import Budgets
+from labrl.runtime import tune_gc_for_many_episodes
 
 RESULTS = Path(__file__).parent / "results"
 P99_OVER_P50 = 20.0
@@ -123,8 +124,12 @@ async def _drive(concurrency: int, latency: str, seconds: float, warmup: float) 
     return {"steps": counted_steps, "slept": slept_in_window, "overheads": overheads}
 
 
-def run_level(concurrency: int, latency: str, seconds: float, warmup: float) -> dict[str, Any]:
+def run_level(
+    concurrency: int, latency: str, seconds: float, warmup: float, gc_mode: str = "tuned"
+) -> dict[str, Any]:
     register("bench/sleep-v0", entry_point=SleepEnv)
+    if gc_mode == "tuned":  # what the labrl CLI does (labrl.runtime)
+        tune_gc_for_many_episodes()
     t0 = time.perf_counter()
     raw = asyncio.run(_drive(concurrency, latency, seconds, warmup))
     wall = time.perf_counter() - t0
@@ -137,6 +142,7 @@ def run_level(concurrency: int, latency: str, seconds: float, warmup: float) -> 
     return {
         "concurrency": concurrency,
         "latency": latency,
+        "gc": gc_mode,
         "mean_latency_s": mean_latency,
         "steps_per_s": achieved,
         "ideal_steps_per_s": ideal,
@@ -148,7 +154,7 @@ def run_level(concurrency: int, latency: str, seconds: float, warmup: float) -> 
     }
 
 
-def _run_in_child(args: tuple[int, str, float, float]) -> dict[str, Any]:
+def _run_in_child(args: tuple[int, str, float, float, str]) -> dict[str, Any]:
     return run_level(*args)
 
 
@@ -160,21 +166,29 @@ def main() -> None:
     parser.add_argument("--latencies", default="constant,lognormal")
     parser.add_argument("--seconds", type=float, default=12.0, help="measurement window per level")
     parser.add_argument("--warmup", type=float, default=3.0)
+    parser.add_argument(
+        "--gc",
+        default="tuned,default",
+        help="GC settings to compare: tuned (labrl.runtime, as the CLI runs) and/or default",
+    )
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     rows = []
     ctx = mp.get_context("spawn")
-    for latency in args.latencies.split(","):
-        for level in levels:
-            with ctx.Pool(1) as pool:
-                row = pool.apply(_run_in_child, ((level, latency, args.seconds, args.warmup),))
-            rows.append(row)
-            print(
-                f"{latency:>9} {level:>6} episodes: {row['steps_per_s']:9.1f} steps/s of ideal {row['ideal_steps_per_s']:9.1f}"
-                f" ({100 * row['fraction_of_ideal']:5.1f}%), overhead p50 {row['overhead_p50_ms']:6.2f} ms"
-                f" p99 {row['overhead_p99_ms']:7.2f} ms, peak RSS {row['peak_rss_mib']:6.0f} MiB",
-                flush=True,
-            )
+    for gc_mode in args.gc.split(","):
+        for latency in args.latencies.split(","):
+            for level in levels:
+                if gc_mode == "default" and level < max(levels):
+                    continue  # the collector only matters at scale: compare at the largest level
+                with ctx.Pool(1) as pool:
+                    row = pool.apply(_run_in_child, ((level, latency, args.seconds, args.warmup, gc_mode),))
+                rows.append(row)
+                print(
+                    f"gc {gc_mode:>7} {latency:>9} {level:>6} episodes: {row['steps_per_s']:9.1f} steps/s of ideal {row['ideal_steps_per_s']:9.1f}"
+                    f" ({100 * row['fraction_of_ideal']:5.1f}%), overhead p50 {row['overhead_p50_ms']:6.2f} ms"
+                    f" p99 {row['overhead_p99_ms']:7.2f} ms, peak RSS {row['peak_rss_mib']:6.0f} MiB",
+                    flush=True,
+                )
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "env_throughput.json").write_text(json.dumps(rows, indent=2))
     print(
@@ -183,12 +197,17 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
-            f"| {r['latency']} | {r['concurrency']} | {r['steps_per_s']:.1f} | {r['ideal_steps_per_s']:.1f} | "
+            f"| {r['gc']} | {r['latency']} | {r['concurrency']} | {r['steps_per_s']:.1f} | {r['ideal_steps_per_s']:.1f} | "
             f"{100 * r['fraction_of_ideal']:.1f} | {r['overhead_p50_ms']:.2f} | {r['overhead_p99_ms']:.2f} | {r['peak_rss_mib']:.0f} |"
         )
     _plot(rows)
-    worst = statistics.fmean(r["fraction_of_ideal"] for r in rows if r["concurrency"] == max(levels))
-    print(f"\nmean fraction of ideal at {max(levels)} episodes: {100 * worst:.1f}%")
+    for gc_mode in args.gc.split(","):
+        at_max = [
+            r["fraction_of_ideal"] for r in rows if r["concurrency"] == max(levels) and r["gc"] == gc_mode
+        ]
+        print(
+            f"gc {gc_mode}: mean fraction of ideal at {max(levels)} episodes: {100 * statistics.fmean(at_max):.1f}%"
+        )
 
 
 def _plot(rows: list[dict[str, Any]]) -> None:
@@ -199,7 +218,10 @@ def _plot(rows: list[dict[str, Any]]) -> None:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     for latency in sorted({r["latency"] for r in rows}):
-        sel = [r for r in rows if r["latency"] == latency]
+        sel = [r for r in rows if r["latency"] == latency and r["gc"] == "tuned"]
+        for r in (r for r in rows if r["latency"] == latency and r["gc"] == "default"):
+            ax1.scatter([r["concurrency"]], [100 * r["fraction_of_ideal"]], marker="x", color="red", zorder=3)
+            ax1.annotate(f"default GC ({latency})", (r["concurrency"], 100 * r["fraction_of_ideal"]), fontsize=7)
         xs = [r["concurrency"] for r in sel]
         ax1.plot(xs, [100 * r["fraction_of_ideal"] for r in sel], marker="o", label=latency)
         ax2.plot(xs, [r["overhead_p99_ms"] for r in sel], marker="o", label=f"{latency} p99")

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from labrl._warnings import quiet_expected_warnings
 from labrl.errors import LabrlError
+from labrl.runtime import tune_gc_for_many_episodes
 
 # group name -> (module, one-line help)
 COMMAND_GROUPS: dict[str, tuple[str, str]] = {
@@ -47,6 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if named is None and argv and not argv[0].startswith("-"):
         parser.error(f"unknown command {argv[0]!r}; choose from {', '.join(COMMAND_GROUPS)}")
     args = parser.parse_args(argv)
+    tune_gc_for_many_episodes()  # after imports: freezes them (labrl.runtime)
     try:
         return int(args.func(args) or 0)
     except LabrlError as exc:
