@@ -262,7 +262,8 @@ async def test_consistent_routing_keeps_a_group_on_one_server(served, tmp_path):
     urls = [served(make_server()), served(make_server())]
     async with make_sampler(urls, tmp_path, routing="consistent") as sampler:
         results = await sampler.generate(
-            [req(f"task{g}/{i}", n=2, routed=False) for g in range(6) for i in range(3)]
+            # 32 groups: all hashing onto one of the 2 servers has probability 2**-31 (6 gave ~3 %)
+            [req(f"task{g}/{i}", n=2, routed=False) for g in range(32) for i in range(3)]
         )
     by_group: dict[str, set[str]] = {}
     for r in results:
