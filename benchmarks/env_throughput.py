@@ -221,7 +221,9 @@ def _plot(rows: list[dict[str, Any]]) -> None:
         sel = [r for r in rows if r["latency"] == latency and r["gc"] == "tuned"]
         for r in (r for r in rows if r["latency"] == latency and r["gc"] == "default"):
             ax1.scatter([r["concurrency"]], [100 * r["fraction_of_ideal"]], marker="x", color="red", zorder=3)
-            ax1.annotate(f"default GC ({latency})", (r["concurrency"], 100 * r["fraction_of_ideal"]), fontsize=7)
+            ax1.annotate(
+                f"default GC ({latency})", (r["concurrency"], 100 * r["fraction_of_ideal"]), fontsize=7
+            )
         xs = [r["concurrency"] for r in sel]
         ax1.plot(xs, [100 * r["fraction_of_ideal"] for r in sel], marker="o", label=latency)
         ax2.plot(xs, [r["overhead_p99_ms"] for r in sel], marker="o", label=f"{latency} p99")
