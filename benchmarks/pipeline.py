@@ -1,14 +1,17 @@
 """Sync vs pipeline on the same workload: wall-clock for the same number of trained samples.
 
-Workload: the tiny MoE (LocalSampler + MegatronLearner, router replay, M2PO)
-on ``xrd/phase-id-v0`` tier 1, with an extra lognormal env latency per task
-(median ``--latency-p50`` seconds, p99/p50 = 20, i.e. sigma = ln 20 / 2.326).
-Both modes start from the same seed and train ``--steps`` steps of
-``--batch-groups`` x ``--group-size`` samples. Reported per mode: wall-clock,
-learner and sampler busy fractions, mean batch reward of the last steps, and
-the ratio sync / pipeline.
+Workload: the quickstart (configs/quickstart.yaml: tiny MoE, LocalSampler +
+MegatronLearner, router replay, M2PO, 8 groups x 8 per step, XRD tier 1) with
+an extra lognormal env latency per training episode (median ``--latency-p50``
+seconds, p99/p50 = 20, i.e. sigma = ln 20 / 2.326; held-out episodes have
+none). One format-only warm start is shared, then each mode trains
+``--steps`` steps from the same weights and seed. Reported per mode:
+wall-clock, trained samples, learner and sampler busy fractions, mean batch
+reward of the last 3 steps, held-out accuracy at step 0 and at the end, and
+the speed-up sync / pipeline.
 
-    .venv/bin/python benchmarks/pipeline.py --steps 10      # ~10 min on 2 cores
+    .venv/bin/python benchmarks/pipeline.py                 # 60 steps: ~25 min on 2 cores
+    .venv/bin/python benchmarks/pipeline.py --steps 2 --latency-p50 0.05 --out /tmp/p.json  # smoke
 
 Writes benchmarks/results/pipeline.json and pipeline.png. CPU is shared:
 compare the two modes of one run (a ratio), not absolute seconds across runs.
@@ -25,16 +28,18 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
 
 from labrl.envs import Env, make
-from labrl.harness.config import SFTSection, build_run_config
+from labrl.harness.config import build_run_config
 from labrl.harness.pipeline import Orchestrator
-from labrl.harness.pipeline.runner import build_learner, build_sampler
+from labrl.harness.pipeline.runner import build_learner, build_sampler, make_env_factory
 from labrl.harness.sft import run_sft
 from labrl.harness.tokenizer import ByteTokenizer
 from labrl.harness.types import SamplingParams
 
 RESULTS = Path(__file__).parent / "results"
+QUICKSTART = Path(__file__).parent.parent / "configs" / "quickstart.yaml"
 SIGMA = math.log(20.0) / 2.326  # p99 / p50 = 20 for a lognormal
 
 
@@ -63,36 +68,27 @@ class LatencyEnv(Env):
 
 
 def config(mode: str, args) -> dict:
-    return {
-        "env": {"id": "xrd/phase-id-v0", "options": {"tier": 1}},
-        "model": {"preset": "tiny-moe", "overrides": {"max_sequence_length": 256}},
-        "sampler": {"max_new_tokens": 2, "max_batch_size": 64},
-        "learner": {"lr": 1e-3, "micro_batch_size": 32},
-        "objective": {"loss": "cispo", "corrections": ["m2po"]},
-        "pipeline": {
-            "mode": mode,
-            "batch_groups": args.batch_groups,
-            "group_size": args.group_size,
-            "max_staleness": args.max_staleness,
-            "max_concurrent_episodes": 512,
-            "total_steps": args.steps,
-            "eval_every": 0,
-            "progress": False,
-        },
-        "seed": args.seed,
-        "run_dir": str(RESULTS / f"pipeline_run_{mode}"),
-    }
+    """The quickstart's workload (configs/quickstart.yaml) with only mode, length and eval changed."""
+    data = yaml.safe_load(QUICKSTART.read_text())
+    data["pipeline"].update(
+        mode=mode,
+        total_steps=args.steps,
+        max_staleness=args.max_staleness,
+        eval_every=args.steps,  # held-out accuracy at step 0 and at the end, the same work in both modes
+        progress=False,
+        checkpoint_every=0,
+    )
+    data["seed"] = args.seed
+    data["run_dir"] = str(RESULTS / f"pipeline_run_{mode}")
+    return data
 
 
 async def warm_start(args) -> dict:
-    """One format-only warm start (random letters) shared by both modes, so they start equal."""
+    """The quickstart's format-only warm start (random candidates), shared by both modes so they start equal."""
     cfg = build_run_config(config("sync", args))
     torch.manual_seed(cfg.seed)
     learner = build_learner(cfg)
-    env_cfg = SFTSection(enabled=True, steps=args.sft_steps, batch_size=32, lr=2e-3, num_prompts=128)
-    await run_sft(
-        learner.model, lambda: make(cfg.env.id, **cfg.env.options), ByteTokenizer(), env_cfg, seed=cfg.seed
-    )
+    await run_sft(learner.model, make_env_factory(cfg), ByteTokenizer(), cfg.sft, seed=cfg.seed)
     return {k: v.clone() for k, v in learner.model.state_dict().items() if isinstance(v, torch.Tensor)}
 
 
@@ -122,6 +118,8 @@ async def run_mode(mode: str, args, init_state: dict) -> dict:
         "busy_learner": records[-1]["busy/learner"],
         "busy_sampler": records[-1]["busy/sampler"],
         "final_reward": sum(r["reward/mean"] for r in last) / len(last),
+        "eval_start": orch.eval_history[0]["accuracy"],
+        "eval_final": orch.eval_history[-1]["accuracy"],
         "staleness_mean": sum(r["staleness/mean"] for r in records) / len(records),
         "staleness_max": max(r["staleness/max"] for r in records),
         "env_latency_p50": sorted(r["env_latency/p50"] for r in records)[len(records) // 2],
@@ -131,6 +129,7 @@ async def run_mode(mode: str, args, init_state: dict) -> dict:
     print(
         f"{mode:9s} wall {wall:7.1f} s  samples {out['trained_samples']}  busy learner {out['busy_learner']:.2f} "
         f"sampler {out['busy_sampler']:.2f}  reward(last 3) {out['final_reward']:.3f}  "
+        f"held-out {out['eval_start']:.3f} -> {out['eval_final']:.3f}  "
         f"staleness mean {out['staleness_mean']:.2f} max {out['staleness_max']}",
         flush=True,
     )
@@ -139,29 +138,27 @@ async def run_mode(mode: str, args, init_state: dict) -> dict:
 
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--batch-groups", type=int, default=4)
-    ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--max-staleness", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--max-staleness", type=int, default=4)
     ap.add_argument("--latency-p50", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--sft-steps", type=int, default=40)
+    ap.add_argument("--out", default=str(RESULTS / "pipeline.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     RESULTS.mkdir(parents=True, exist_ok=True)
     init_state = await warm_start(args)
     rows = [await run_mode("sync", args, init_state), await run_mode("pipeline", args, init_state)]
     speedup = rows[0]["wall_s"] / rows[1]["wall_s"]
-    print("\n| mode | wall (s) | samples | learner busy | sampler busy | reward (last 3 steps) |")
-    print("|---|---|---|---|---|---|")
+    print("\n| mode | wall (s) | samples | learner busy | sampler busy | reward (last 3 steps) | held-out start -> end |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['mode']} | {r['wall_s']:.1f} | {r['trained_samples']} | {r['busy_learner']:.2f} | "
-              f"{r['busy_sampler']:.2f} | {r['final_reward']:.3f} |")  # fmt: skip
+              f"{r['busy_sampler']:.2f} | {r['final_reward']:.3f} | {r['eval_start']:.3f} -> {r['eval_final']:.3f} |")  # fmt: skip
     print(
         f"\npipeline speed-up over sync: {speedup:.2f}x (env latency p50 {args.latency_p50} s, p99/p50 = 20)"
     )
-    (RESULTS / "pipeline.json").write_text(
+    Path(args.out).write_text(
         json.dumps({"args": vars(args), "speedup": speedup, "modes": rows}, indent=2)
     )
     import matplotlib
@@ -178,7 +175,7 @@ async def main() -> None:
     ax.set_title(f"same {rows[0]['trained_samples']} samples: pipeline {speedup:.1f}x faster")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(RESULTS / "pipeline.png", dpi=100)
+    fig.savefig(Path(args.out).with_suffix(".png"), dpi=100)
 
 
 if __name__ == "__main__":
