@@ -16,12 +16,17 @@ or a non-finite loss).
 Task, the smallest on which on-policy training learns reliably here: the
 ``copy`` env below (the prompt shows one of 8 letters; reward 1 for replying
 with it; chance 1/8), a 2-layer MoE (hidden 32, 4 experts, top-2) from
-scratch, 100 format-only warm-start steps (random letters), batch 8 groups x 4.
-k must be small against N, so the default is N = 4096 updates per run: the
-full grid is hours of CPU and runs in the background, not in the tests.
+scratch, 100 format-only warm-start steps (random letters), batch 8 groups x 4,
+AdamW lr 3e-4. Found by trial: at lr 3e-3 on-policy training collapses to
+near-uniform output over all 264 tokens within 50 updates, at 1e-3 it
+oscillates and collapses by update 125, at 3e-4 and 5e-4 it reaches 0.94-1.0
+by update 800-1100 (0.09 s per update). k must be small against N, so the
+default is N = 4096 updates per run: the full grid is about two hours of CPU
+and runs in the background, not in the tests.
 
     .venv/bin/python benchmarks/staleness.py --updates 4096          # hours
     .venv/bin/python benchmarks/staleness.py --updates 30 --ks 0 8   # smoke test
+    .venv/bin/python benchmarks/staleness.py --render a.json b.json  # merge runs split over processes
 
 Writes benchmarks/results/staleness.json (+ .png), rewriting it after every run.
 """
@@ -88,11 +93,10 @@ class CopyEnv(Env):
 async def accuracy(sampler, tok, n: int) -> float:
     sampling = SamplingParams(max_new_tokens=2, temperature=0.0)
     env = CopyEnv()
-    hits = 0
-    for i in range(n):
-        t = await rollout(CopyEnv(), env.make_task("test", i), sampler, tok, sampling)
-        hits += t.reward == 1.0
-    return hits / n
+    trajs = await asyncio.gather(
+        *(rollout(CopyEnv(), env.make_task("test", i), sampler, tok, sampling) for i in range(n))
+    )
+    return sum(t.reward == 1.0 for t in trajs) / n
 
 
 async def one_run(k: int, correction: str, args) -> dict:
@@ -134,7 +138,8 @@ async def one_run(k: int, correction: str, args) -> dict:
                     task_env.make_task("train", v * args.groups + g),
                     sampler,
                     tok,
-                    sampling.model_copy(update={"seed": (v * args.groups + g) * 4}),
+                    # members get seed + 0..G-1; another --seed draws other samples, seed 0 keeps the recorded runs
+                    sampling.model_copy(update={"seed": args.seed * 1_000_003 + (v * args.groups + g) * 4}),
                     args.group_size,
                     return_routed_experts=True,
                 )
@@ -171,12 +176,19 @@ async def main() -> None:
     ap.add_argument("--corrections", nargs="+", default=list(CORRECTIONS), choices=list(CORRECTIONS))
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=4)
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--sft-steps", type=int, default=100)
-    ap.add_argument("--eval-size", type=int, default=64)
+    ap.add_argument("--eval-size", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(RESULTS / "staleness.json"))
+    ap.add_argument("--render", nargs="+", metavar="JSON", help="merge finished runs from these result files "
+                    "into --out and print the table, without training")  # fmt: skip
     args = ap.parse_args()
+    if args.render:
+        rows = [r for f in args.render for r in json.loads(Path(f).read_text())["runs"]]
+        Path(args.out).write_text(json.dumps({"args": vars(args), "runs": rows}, indent=2))
+        render(rows, Path(args.out))
+        return
     torch.set_num_threads(1)
     RESULTS.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -184,33 +196,62 @@ async def main() -> None:
         for c in args.corrections:
             rows.append(await one_run(k, c, args))
             Path(args.out).write_text(json.dumps({"args": vars(args), "runs": rows}, indent=2))
-    on_policy = {r["correction"]: r["accuracy"] for r in rows if r["k"] == 0}
-    print("\n| k | " + " | ".join(args.corrections) + " |")
-    print("|---|" + "---|" * len(args.corrections))
-    for k in args.ks:
+    render(rows, Path(args.out))
+
+
+def render(rows: list[dict], out: Path) -> None:
+    """Print the k x correction table (accuracy, and its ratio to on-policy) and plot it next to ``out``."""
+    ks = sorted({r["k"] for r in rows})
+    corrections = [c for c in CORRECTIONS if any(r["correction"] == c for r in rows)]
+    cell = {(r["k"], r["correction"]): r for r in rows}
+    on_policy = [r["accuracy"] for r in rows if r["k"] == 0]
+    base = sum(on_policy) / len(on_policy) if on_policy else None
+    print("\n| k | " + " | ".join(corrections) + " |")
+    print("|---|" + "---|" * len(corrections))
+    for k in ks:
         cells = []
-        for c in args.corrections:
-            r = next(r for r in rows if r["k"] == k and r["correction"] == c)
-            cells.append(f"{r['accuracy']:.3f}{' (collapsed)' if r['collapsed'] else ''}")
+        for c in corrections:
+            r = cell.get((k, c))
+            if r is None:
+                cells.append("-")
+                continue
+            kept = [p["kept_frac"] for p in r["curve"] if p.get("kept_frac") is not None]
+            text = f"{r['accuracy']:.3f}"
+            if base:
+                text += f" ({r['accuracy'] / base:.0%})"
+            if c in ("token_mask", "m2po") and kept:
+                text += f", kept {sum(kept) / len(kept):.2f}"
+            learned = next((p["update"] for p in r["curve"] if p.get("reward", 0.0) >= 0.9), None)
+            text += f", >=0.9 @ {learned}" if learned is not None else ", never >=0.9"
+            cells.append(text + (" collapsed" if r["collapsed"] else ""))
         print(f"| {k} | " + " | ".join(cells) + " |")
-    if on_policy:
-        print(f"on-policy (k=0) accuracy per correction: {on_policy}")
+    if base is not None:
+        print(f"on-policy (k=0) accuracy, mean over corrections: {base:.3f}; (x%) = ratio to it")
+    print("kept = mean fraction of tokens kept by the mask at the logged updates; >=0.9 @ = first logged")
+    print("update (every N/16) whose batch reward reached 0.9")
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for c in args.corrections:
+    fig, (ax, ax_curve) = plt.subplots(1, 2, figsize=(11, 4))
+    for c in corrections:
         pts = sorted((r["k"], r["accuracy"]) for r in rows if r["correction"] == c)
         ax.plot([max(p[0], 0.5) for p in pts], [p[1] for p in pts], "o-", label=c)
     ax.set_xscale("log")
     ax.axhline(1 / len(LETTERS), color="grey", ls=":", label="chance")
     ax.set_xlabel("forced staleness k (0 plotted at 0.5)")
-    ax.set_ylabel("held-out accuracy")
+    ax.set_ylabel("held-out accuracy after training")
     ax.legend()
+    for r in rows:
+        if r["k"] == max(ks) or (r["k"] == 0 and r["correction"] == "none"):
+            pts = [(p["update"], p["reward"]) for p in r["curve"] if "reward" in p]
+            ax_curve.plot(*zip(*pts, strict=True), label=f"k={r['k']} {r['correction']}")
+    ax_curve.set_xlabel("update")
+    ax_curve.set_ylabel("batch reward")
+    ax_curve.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(Path(args.out).with_suffix(".png"), dpi=100)
+    fig.savefig(out.with_suffix(".png"), dpi=100)
 
 
 if __name__ == "__main__":
