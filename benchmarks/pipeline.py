@@ -150,7 +150,9 @@ async def main() -> None:
     init_state = await warm_start(args)
     rows = [await run_mode("sync", args, init_state), await run_mode("pipeline", args, init_state)]
     speedup = rows[0]["wall_s"] / rows[1]["wall_s"]
-    print("\n| mode | wall (s) | samples | learner busy | sampler busy | reward (last 3 steps) | held-out start -> end |")
+    print(
+        "\n| mode | wall (s) | samples | learner busy | sampler busy | reward (last 3 steps) | held-out start -> end |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['mode']} | {r['wall_s']:.1f} | {r['trained_samples']} | {r['busy_learner']:.2f} | "
@@ -158,9 +160,7 @@ async def main() -> None:
     print(
         f"\npipeline speed-up over sync: {speedup:.2f}x (env latency p50 {args.latency_p50} s, p99/p50 = 20)"
     )
-    Path(args.out).write_text(
-        json.dumps({"args": vars(args), "speedup": speedup, "modes": rows}, indent=2)
-    )
+    Path(args.out).write_text(json.dumps({"args": vars(args), "speedup": speedup, "modes": rows}, indent=2))
     import matplotlib
 
     matplotlib.use("Agg")
