@@ -20,11 +20,11 @@ scratch, 100 format-only warm-start steps (random letters), batch 8 groups x 4,
 AdamW lr 3e-4. Found by trial: at lr 3e-3 on-policy training collapses to
 near-uniform output over all 264 tokens within 50 updates, at 1e-3 it
 oscillates and collapses by update 125, at 3e-4 and 5e-4 it reaches 0.94-1.0
-by update 800-1100 (0.09 s per update). k must be small against N, so the
-default is N = 4096 updates per run: the full grid is about two hours of CPU
-and runs in the background, not in the tests.
+by update 800-1100 (0.06-0.08 s per update). k must be small against N, so
+the default is N = 4096 updates per run: the full grid took 78 min of one core
+(4.5-5.5 min per run) and runs in the background, not in the tests.
 
-    .venv/bin/python benchmarks/staleness.py --updates 4096          # hours
+    .venv/bin/python benchmarks/staleness.py --updates 4096          # ~80 min
     .venv/bin/python benchmarks/staleness.py --updates 30 --ks 0 8   # smoke test
     .venv/bin/python benchmarks/staleness.py --render a.json b.json  # merge runs split over processes
 
