@@ -37,8 +37,8 @@ def parity_env():
 async def test_train_over_fake_sglang_server(parity_env, tmp_path, monkeypatch):
     torch.set_num_threads(1)
     run = tmp_path / "run"
-    placeholder = build_run_config(run_config(run, ["http://unused"], steps=STEPS))
-    model_cfg = placeholder.model.resolve()
+    # the server's URL is not known yet; the model shape does not depend on it
+    model_cfg = build_run_config(run_config(run, ["http://unused"], steps=STEPS)).model.resolve()
     other = build_gpt_model(model_cfg, seed=123)  # not the learner's init: the run must sync first
     state = {k: v for k, v in other.state_dict().items() if not k.endswith("_extra_state")}
     ckpt = export_hf_checkpoint(state, model_cfg, tmp_path / "served")
