@@ -16,7 +16,10 @@ Subclasses implement ``make_task``, ``reset`` and ``step``; the framework's
   deadline, runs ``fn`` off the loop when asked, and turns any failure into
   ``VerifierError`` (outcome ``verifier_failed``), never a silent 0;
 - raise ``TransientEnvError`` for infrastructure hiccups worth a retry;
-- wrap scarce resources in ``async with self.pool("lab"):``.
+- wrap scarce resources in ``async with self.pool("lab"):``;
+- ``reset`` records the episode's task in ``self._task``; ``step`` reads it
+  as ``self.episode_task()``, which raises ``EnvError`` when no episode was
+  started (the one place that rule is written, with ``no_episode_error``).
 
 ``gold_actions(task)`` returns actions that score full reward, where the env
 knows the answer (the checker and the scripted policy use it);
@@ -34,10 +37,15 @@ from typing import Any, ClassVar, TypeVar
 
 from labrl.envs.pools import get_pool
 from labrl.envs.types import Action, EnvSpec, Observation, Split, StepResult, Task
-from labrl.errors import ConfigError, EnvTimeoutError, VerifierError
+from labrl.errors import ConfigError, EnvError, EnvTimeoutError, VerifierError
 from labrl.offload import run_cpu
 
 T = TypeVar("T")
+
+
+def no_episode_error(env_id: str) -> EnvError:
+    """The error of a ``step()`` with no episode running (never reset, or already over)."""
+    return EnvError(f"{env_id}: step() called with no episode running; call reset() first")
 
 
 class Env(ABC):
@@ -46,6 +54,8 @@ class Env(ABC):
     spec: EnvSpec
     #: reward of an episode that ends on an invalid action
     invalid_action_reward: ClassVar[float] = 0.0
+    #: the running episode's task; ``reset`` sets it, ``episode_task()`` reads it
+    _task: Task | None = None
 
     @abstractmethod
     def make_task(self, split: Split, seed: int) -> Task:
@@ -78,6 +88,12 @@ class Env(ABC):
         return self
 
     # -- helpers for subclasses ------------------------------------------------
+
+    def episode_task(self) -> Task:
+        """The task ``reset`` started; ``EnvError`` when ``step`` comes before any ``reset``."""
+        if self._task is None:
+            raise no_episode_error(self.spec.id)
+        return self._task
 
     def pool(self, name: str) -> AbstractAsyncContextManager[Any]:
         """The shared concurrency pool ``name`` declared in ``spec.budgets.pools``."""

@@ -31,7 +31,7 @@ import random
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from labrl.envs.base import Env
+from labrl.envs.base import Env, no_episode_error
 from labrl.envs.types import Action, Message, Observation, Outcome, Split, StepResult, Task
 from labrl.errors import EnvError, EnvTimeoutError, InvalidActionError, TransientEnvError, VerifierError
 
@@ -110,7 +110,7 @@ class BudgetedEnv(Env):
 
     async def step(self, action: Action) -> StepResult:
         if self._episode_over:
-            raise EnvError(f"{self.spec.id}: step() called with no episode running; call reset() first")
+            raise no_episode_error(self.spec.id)
         self._turn += 1
         last_turn = self._turn >= self.spec.budgets.max_turns
         try:

@@ -103,7 +103,6 @@ class ScienceQAEnv(Env):
             has_gold_answer=all(t.reference_answer is not None for t in self.tasks),
         )
         self._grader: RubricGrader | None = None
-        self._task: Task | None = None
 
     def __repr__(self) -> str:
         return f"ScienceQAEnv(tasks={len(self.tasks)}, judges={[j.model for j in self.config.judges]})"
@@ -182,9 +181,7 @@ class ScienceQAEnv(Env):
         return self._grader
 
     async def step(self, action: Action) -> StepResult:
-        if self._task is None:
-            raise EnvError(f"{ENV_ID}: step() before reset()")
-        task = self._task
+        task = self.episode_task()
         text = self._answer_text(action)
         rubric = Rubric.model_validate(task.answer["rubric"])
         grader = self._get_grader()

@@ -146,7 +146,6 @@ class SynthesisEnv(Env):
             + (("multi-turn",) if experiments > 1 else ()),
             has_gold_answer=True,
         )
-        self._task: Task | None = None
         self._experiments = 0
         self._best = 0.0
 
@@ -224,9 +223,7 @@ class SynthesisEnv(Env):
         raise EnvError(f"experiment {key} ended {status.state.value}: {status.error}")
 
     async def step(self, action: Action) -> StepResult:
-        task = self._task
-        if task is None:
-            raise EnvError("step() before reset()")
+        task = self.episode_task()
         recipe = self._recipe(action)
         if self._experiments >= self.max_experiments:
             raise InvalidActionError(f"the budget of {self.max_experiments} experiment(s) is spent")

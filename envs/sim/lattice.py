@@ -126,7 +126,6 @@ class LatticeConstantEnv(Env):
             tags=("simulator", "materials", self.calc.calc_backend),
             has_gold_answer=True,
         )
-        self._task: Task | None = None
 
     def make_task(self, split: Split, seed: int) -> Task:
         items = self.tasks[split]
@@ -159,8 +158,8 @@ class LatticeConstantEnv(Env):
         a = float(match.group(1))
         if not math.isfinite(a) or a <= 0:
             raise InvalidActionError(f"the lattice constant must be a positive finite number, got {a}")
-        assert self._task is not None
-        nn = a * NN_OVER_A[self._task.prompt["prototype"]]
+        task = self.episode_task()
+        nn = a * NN_OVER_A[task.prompt["prototype"]]
         if not NN_RANGE[0] <= nn <= NN_RANGE[1]:
             raise InvalidActionError(
                 f"a = {a:g} Å puts nearest neighbours {nn:.2f} Å apart; metallic bonds are {NN_RANGE[0]}-{NN_RANGE[1]} Å"
@@ -176,9 +175,7 @@ class LatticeConstantEnv(Env):
         return a
 
     async def step(self, action: Action) -> StepResult:
-        if self._task is None:
-            raise EnvError("step() before reset()")
-        task = self._task
+        task = self.episode_task()
         a_pred = self._parse(action.text)
         a_relaxed = await self.relaxed_constant(task, a_pred)
         error = abs(a_pred - a_relaxed) / a_relaxed

@@ -35,7 +35,7 @@ from labrl.envs.base import Env
 from labrl.envs.sim.common import Calculator, extract_answer, formula_of, prototype_atoms, split_of
 from labrl.envs.sim.lattice import _RADII, NN_OVER_A
 from labrl.envs.types import Action, Budgets, EnvSpec, Message, Observation, Split, StepResult, Task, ToolSpec
-from labrl.errors import ConfigError, EnvError, InvalidActionError
+from labrl.errors import ConfigError, InvalidActionError
 from labrl.lab_adapters.structures import parse_structure, structure_to_dict
 
 ENV_ID = "sim/structure-search-v0"
@@ -131,7 +131,6 @@ class StructureSearchEnv(Env):
             tags=("simulator", "materials", "multi-turn", self.calc.calc_backend),
             has_gold_answer=True,
         )
-        self._task: Task | None = None
         self._calls_left = 0
 
     def make_task(self, split: Split, seed: int) -> Task:
@@ -182,25 +181,24 @@ class StructureSearchEnv(Env):
         return Observation(messages=(Message(role="user", content=text),), tools=TOOLS)
 
     def _structure(self, data: Any) -> dict[str, Any]:
-        assert self._task is not None
+        task = self.episode_task()
         atoms = parse_structure(data, max_atoms=MAX_ATOMS)
-        want = _ratio([e for e, n in self._task.prompt["composition"].items() for _ in range(n)])
+        want = _ratio([e for e, n in task.prompt["composition"].items() for _ in range(n)])
         got = _ratio(atoms.get_chemical_symbols())
         if got != want:
             raise InvalidActionError(
-                f"structure composition {dict(got)} does not match {self._task.prompt['formula']} {dict(want)}"
+                f"structure composition {dict(got)} does not match {task.prompt['formula']} {dict(want)}"
             )
         return structure_to_dict(atoms, digits=10)
 
     async def step(self, action: Action) -> StepResult:
-        if self._task is None:
-            raise EnvError("step() before reset()")
+        task = self.episode_task()
         if action.parse_error:
             raise InvalidActionError(action.parse_error)
         if action.tool_calls:
             return await self._tools(action)
         structure = self._structure(extract_answer(action.text))
-        reference, _ = await self.reference(self._task)
+        reference, _ = await self.reference(task)
         result = await self.calc.run("energy", structure)
         energy = float(result["energy_per_atom_ev"])
         reward = await self.score(reward_for, energy, reference)

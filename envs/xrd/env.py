@@ -76,7 +76,6 @@ class PhaseIdEnv(Env):
         self.config = _config(self.env_id, options)
         load_library()  # parse once per process, up front
         self.spec = self._make_spec()
-        self._task: Task | None = None
         self._observed: dict[str, Any] | None = None
 
     def _make_spec(self) -> EnvSpec:
@@ -124,14 +123,15 @@ class PhaseIdEnv(Env):
     # -- answers and rewards -------------------------------------------------------
 
     def _parse(self, text: str) -> list[ClaimedPhase]:
-        assert self._task is not None
-        return parse_answer(text, load_library(), candidates=self._task.prompt.get("candidates"))
+        task = self.episode_task()
+        return parse_answer(text, load_library(), candidates=task.prompt.get("candidates"))
 
     async def _fit(self, phase_ids: Sequence[str]) -> FitResult:
-        assert self._observed is not None and self._task is not None
+        assert self._observed is not None
+        task = self.episode_task()
         if self.config.fit_latency_s:
             await asyncio.sleep(self.config.fit_latency_s)
-        instrument = Instrument.model_validate(self._task.prompt["sample"]["instrument"]).model_copy(
+        instrument = Instrument.model_validate(task.prompt["sample"]["instrument"]).model_copy(
             update={
                 "zero_shift": 0.0,
                 "displacement_mm": 0.0,
@@ -147,9 +147,9 @@ class PhaseIdEnv(Env):
         return await self.score(fit_phase_ids, *args, offload=self.config.offload)
 
     async def _reward(self, claimed: list[ClaimedPhase]) -> tuple[float, dict[str, Any]]:
-        assert self._task is not None
+        task = self.episode_task()
         library = load_library()
-        truth = [(library.get(p["id"]), p["weight_fraction"]) for p in self._task.answer["phases"]]
+        truth = [(library.get(p["id"]), p["weight_fraction"]) for p in task.answer["phases"]]
         info: dict[str, Any] = {"claimed": [c.phase.id for c in claimed]}
         mode = self.config.reward_mode
         reward = 0.0
@@ -175,8 +175,7 @@ class PhaseIdEnv(Env):
         return float(min(max(reward, 0.0), 1.0)), info
 
     async def step(self, action: Action) -> StepResult:
-        if self._task is None:
-            raise EnvError("step() before reset()")
+        self.episode_task()  # EnvError before reset()
         if action.parse_error:
             raise InvalidActionError(action.parse_error)
         if action.tool_calls:
@@ -297,8 +296,7 @@ class PhaseIdToolsEnv(PhaseIdEnv):
         return Observation(messages=(Message(role="user", content=intro),), tools=self.spec.tools)
 
     async def step(self, action: Action) -> StepResult:
-        if self._task is None:
-            raise EnvError("step() before reset()")
+        self.episode_task()  # EnvError before reset()
         if action.parse_error:
             raise InvalidActionError(action.parse_error)
         if not action.tool_calls:

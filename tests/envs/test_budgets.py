@@ -10,6 +10,7 @@ import pytest
 from labrl_test_envs import CalculatorEnv
 
 from labrl.envs import Action, Outcome, format_tool_call, make, parse_action
+from labrl.envs.registry import registered_ids, registration
 from labrl.errors import EnvError, EnvTimeoutError
 
 
@@ -152,3 +153,11 @@ async def test_reset_timeout_raises_typed_error():
     env.unwrapped.reset = slow_reset
     with pytest.raises(EnvTimeoutError, match=re.escape("test/echo-v0: reset did not finish within 0.1 s")):
         await env.reset(env.make_task("train", 0))
+
+
+@pytest.mark.parametrize("env_id", [i for i in registered_ids() if registration(i).source == "labrl"])
+async def test_every_builtin_env_refuses_step_before_reset(env_id):
+    """The rule lives once, in ``Env.episode_task()``; each env's own ``step`` reaches it unwrapped."""
+    env = make(env_id).unwrapped
+    with pytest.raises(EnvError, match=f"^{re.escape(env_id)}: step\\(\\) called with no episode running"):
+        await env.step(Action(text="x"))
