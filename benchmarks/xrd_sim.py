@@ -92,9 +92,10 @@ def bench_mixtures(n: int) -> dict:
 def bench_scoring(n: int, repeats: int = 3) -> dict:
     """Label-free scoring of true 3-phase answers: ``fit_phase_ids`` against the straightforward
     reference implementation (``_fit_reference``), interleaved on the same answers in the same run."""
+    from _fit_reference import fit_phase_ids_reference  # beside this script
+
     from labrl.envs.xrd.measure import observe
     from labrl.envs.xrd.tasks import PhaseIdConfig, build_task_prompt
-    from labrl.verifiers.xrd._fit_reference import fit_phase_ids_reference
     from labrl.verifiers.xrd.fit import fit_phase_ids
     from labrl.verifiers.xrd.profile import Instrument
 

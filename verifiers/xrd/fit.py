@@ -35,7 +35,7 @@ weighted Chebyshev columns (``_Problem``), so every solve is a P × P normal
 equation; the trials of a scan (zero shifts, sizes, each phase left out) are
 solved as one batch; all claimed phases are rendered together
 (``profile.render_phases``) and each (size, zero, strains) once per fit.
-``_fit_reference`` computes the same fit the straightforward way (full
+``benchmarks/_fit_reference.py`` computes the same fit the straightforward way (full
 ``lstsq`` per solve); tests hold the two within 1e-7.
 """
 

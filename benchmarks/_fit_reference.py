@@ -4,8 +4,9 @@ Same model and refinement schedule as ``fit`` (see its docstring), computed the
 plain way: every phase rendered on its own with a masked window per peak
 (``_render``), and every linear solve a fresh ``np.linalg.lstsq`` on the full
 weighted design [phase columns | Chebyshev background]. It is several times
-slower; tests compare ``fit_phases`` against it and ``benchmarks/xrd_sim.py``
-times both in the same run.
+slower; tests compare ``fit_phases`` against it (``tests/xrd/test_xrd_fit_fast.py``
+loads it by path) and ``benchmarks/xrd_sim.py`` times both in the same run. It
+lives beside the benchmark, outside the installed package.
 """
 
 from __future__ import annotations
