@@ -30,6 +30,15 @@ def test_every_subpackage_is_listed_in_pyproject():
     assert sorted(on_disk - set(config["packages"])) == []
 
 
+def test_license_is_declared_as_an_spdx_expression_with_its_file():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0"  # PEP 639 form: setuptools warns on the old table
+    assert project["license-files"] == ["LICENSE"]
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text  # the full text, not a pointer to it
+
+
 def test_public_surface():
     assert (ROOT / "labrl" / "py.typed").exists()
     assert set(labrl.__all__) == {"ConfigError", "LabrlError", "__version__", "errors"}
