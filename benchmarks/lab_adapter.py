@@ -30,8 +30,8 @@ import numpy as np
 
 from labrl.lab_adapters.journal import Journal
 from labrl.lab_adapters.journaled import JournaledLab, JournaledLabConfig
-from labrl.lab_adapters.mock_process import MockLabProcess
-from labrl.lab_adapters.mock_server import FaultConfig, MockLabConfig
+from labrl.lab_adapters.mock.process import MockLabProcess
+from labrl.lab_adapters.mock.server import FaultConfig, MockLabConfig
 from labrl.lab_adapters.rest import RestLabAdapter, RestLabConfig
 
 RESULTS = Path(__file__).parent / "results"

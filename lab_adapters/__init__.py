@@ -1,4 +1,4 @@
-"""labrl.lab_adapters: clients for labs, instruments and simulators, plus a mock lab.
+"""labrl.lab_adapters: clients for labs, instruments and simulators; the mock lab in ``mock``.
 
 - ``LabAdapter`` protocol (``protocol``): submit / find / status / wait / result / cancel.
 - ``RestLabAdapter`` (``rest``): the protocol over a lab's REST API, with retries,
@@ -7,9 +7,11 @@
   or paid for twice across crashes and restarts.
 - ``SimulatorAdapter`` (``simulator``): ASE calculators off the event loop,
   cached by canonical structure hash.
-- the mock lab (``mock_server``, ``mock_process``; ``labrl lab serve-mock``) and
-  its simulated lab (``simlab``: echo, calculation and ``synthesis`` jobs, the
-  last a synthesis heuristic plus an XRD measurement).
+- ``recipes``: what a valid ``synthesis`` job is (shelf, limits, targets,
+  candidate phases): the contract between the lab envs and any lab.
+- the mock lab, its own package ``labrl.lab_adapters.mock`` (server, store,
+  child process, simulated jobs and the hidden synthesis chemistry;
+  ``labrl lab serve-mock``). No real adapter imports it.
 """
 
 from labrl.lab_adapters.journal import Journal, JournalEntry

@@ -104,7 +104,7 @@ async def _open(settings: LabSettings) -> LabConnection:
         adapter = RestLabAdapter(RestLabConfig(base_url=settings.lab_url, api_key_env=settings.api_key_env))
         journal = Journal(Path(settings.journal_path) if settings.journal_path else DEFAULT_JOURNAL)
         return LabConnection(adapter, journal, JournaledLab(adapter, journal, feed))
-    from labrl.lab_adapters.mock_server import InProcessMockLab, MockLabConfig
+    from labrl.lab_adapters.mock.server import InProcessMockLab, MockLabConfig
 
     os.environ.setdefault(INPROCESS_TOKEN_ENV, secrets.token_hex(16))
     tmpdir = tempfile.mkdtemp(prefix="labrl-inprocess-lab-")

@@ -14,7 +14,7 @@ the phases it made.
 
 Scoring is label-free, as an autonomous lab scores its own runs: the pattern
 is fitted (``labrl.verifiers.xrd.fit``) with the target plus the plausible
-phases of the recipe's chemical system (``synthesis.candidate_phases``); the
+phases of the recipe's chemical system (``recipes.candidate_phases``); the
 target's fitted weight fraction ``f`` (0 when the fit finds the target
 superfluous) gives::
 
@@ -46,7 +46,7 @@ from labrl.envs.base import Env
 from labrl.envs.lab.session import LabSettings, check_settings, connection
 from labrl.envs.types import Action, Budgets, EnvSpec, Message, Observation, Split, StepResult, Task
 from labrl.errors import ConfigError, EnvError, InvalidActionError, LabError, LabRejectedError
-from labrl.lab_adapters import synthesis
+from labrl.lab_adapters import recipes
 from labrl.lab_adapters.protocol import JobState, request_hash
 
 FULL_REWARD_FRACTION = 0.95
@@ -117,10 +117,10 @@ class SynthesisEnv(Env):
             raise ConfigError(f"max_experiments must be >= 1, got {experiments}")
         if self.default_experiments == 1 and experiments != 1:
             raise ConfigError(f"{self.env_id} runs one experiment; use lab/synthesis-multiturn-v0 for more")
-        chosen = list(targets) if targets is not None else list(synthesis.TARGETS)
-        unknown = [t for t in chosen if t not in synthesis.TARGETS]
+        chosen = list(targets) if targets is not None else list(recipes.TARGETS)
+        unknown = [t for t in chosen if t not in recipes.TARGETS]
         if unknown or not chosen:
-            raise ConfigError(f"unknown target(s) {unknown}; choose among {', '.join(synthesis.TARGETS)}")
+            raise ConfigError(f"unknown target(s) {unknown}; choose among {', '.join(recipes.TARGETS)}")
         self.settings = LabSettings(lab_url, api_key_env, journal_path, mock_latency_s)
         check_settings(self.settings)
         self.max_experiments = experiments
@@ -182,25 +182,23 @@ class SynthesisEnv(Env):
         )
         text = (
             f"Synthesize {p['formula']} (space group {p['space_group']}, No. {p['space_group_number']}) "
-            f"phase-pure by a solid-state reaction. Precursors on the shelf: {', '.join(synthesis.SHELF)}. "
-            f"Atmospheres: {', '.join(synthesis.ATMOSPHERES)} (vacuum = sealed evacuated ampoule). "
-            f"Temperature {synthesis.MIN_TEMPERATURE_C:g}-{synthesis.MAX_TEMPERATURE_C:g} °C, "
-            f"time up to {synthesis.MAX_TIME_H:g} h, at most {synthesis.MAX_PRECURSORS} precursors. "
+            f"phase-pure by a solid-state reaction. Precursors on the shelf: {', '.join(recipes.SHELF)}. "
+            f"Atmospheres: {', '.join(recipes.ATMOSPHERES)} (vacuum = sealed evacuated ampoule). "
+            f"Temperature {recipes.MIN_TEMPERATURE_C:g}-{recipes.MAX_TEMPERATURE_C:g} °C, "
+            f"time up to {recipes.MAX_TIME_H:g} h, at most {recipes.MAX_PRECURSORS} precursors. "
             f"{budget} The product is measured by XRD; your reward is the target's weight fraction. "
             f"Answer with the recipe: {FORMAT}"
         )
         return Observation(messages=(Message(role="user", content=text),))
 
-    def _recipe(self, action: Action) -> synthesis.Recipe:
+    def _recipe(self, action: Action) -> recipes.Recipe:
         if action.parse_error:
             raise InvalidActionError(action.parse_error)
         from labrl.verifiers.answers import extract_json
 
-        return synthesis.parse_recipe(extract_json(action.text, hint=f"Answer with the recipe: {FORMAT}"))
+        return recipes.parse_recipe(extract_json(action.text, hint=f"Answer with the recipe: {FORMAT}"))
 
-    async def _run(
-        self, task: Task, recipe: synthesis.Recipe
-    ) -> tuple[dict[str, Any] | None, str | None, str]:
+    async def _run(self, task: Task, recipe: recipes.Recipe) -> tuple[dict[str, Any] | None, str | None, str]:
         """Run one experiment; ``(xrd, error, key)``: ``xrd`` None when the lab's job failed."""
         request = {"kind": "synthesis", "recipe": recipe.to_json(), "sample_seed": task.seed}
         key = (
@@ -233,7 +231,7 @@ class SynthesisEnv(Env):
         if xrd is None:
             analysis: dict[str, Any] = {"target_fraction": 0.0, "error": error, "detected": {}, "peaks": []}
         else:
-            candidates = sorted(set(synthesis.candidate_phases(recipe)) | {target})
+            candidates = sorted(set(recipes.candidate_phases(recipe)) | {target})
             analysis = await self.score(analyse, xrd, target, candidates, offload=True)
         score = reward_for(analysis["target_fraction"])
         previous, self._best = self._best, max(self._best, score)
@@ -256,16 +254,16 @@ class SynthesisEnv(Env):
         )
 
     def gold_actions(self, task: Task) -> Sequence[Action] | None:
-        return [Action(text=f"<answer>{json.dumps(synthesis.gold_recipe(task.metadata['target']))}</answer>")]
+        return [Action(text=f"<answer>{json.dumps(recipes.gold_recipe(task.metadata['target']))}</answer>")]
 
     def random_action(self, task: Task, rng: random.Random) -> Action:
-        shelf = list(synthesis.SHELF)
+        shelf = list(recipes.SHELF)
         picks = rng.sample(shelf, rng.randint(1, 3))
         recipe = {
             "precursors": [{"formula": f, "mmol": rng.choice([5, 10, 15, 20])} for f in picks],
             "temperature_c": rng.choice(range(200, 1601, 50)),
             "time_h": rng.choice([1, 4, 12, 24, 48]),
-            "atmosphere": rng.choice(synthesis.ATMOSPHERES),
+            "atmosphere": rng.choice(recipes.ATMOSPHERES),
         }
         return Action(text=f"<answer>{json.dumps(recipe)}</answer>")
 

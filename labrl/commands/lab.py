@@ -47,7 +47,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def build_config(args: argparse.Namespace):  # -> MockLabConfig (import deferred: keeps `labrl --help` light)
     from pydantic import ValidationError
 
-    from labrl.lab_adapters.mock_server import MockLabConfig
+    from labrl.lab_adapters.mock.server import MockLabConfig
 
     data: dict = json.loads(args.config.read_text()) if args.config else {}
     for field in (
@@ -76,7 +76,7 @@ def build_config(args: argparse.Namespace):  # -> MockLabConfig (import deferred
 
 
 def _serve_mock(args: argparse.Namespace) -> int:
-    from labrl.lab_adapters.mock_server import serve
+    from labrl.lab_adapters.mock.server import serve
 
     config = build_config(args)
     print(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
+import pytest
+
 import labrl
 import labrl.envs
 import labrl.errors
@@ -69,10 +71,27 @@ def test_errors_pickle_and_subclass_builtins():
         assert type(again) is error and str(again) == "what to fix"
 
 
-def test_dependencies_point_one_way():
-    """harness -> envs -> verifiers, lab_adapters (ARCHITECTURE.md): no module imports upward."""
+def _imports(path: Path) -> list[tuple[str, bool]]:
+    """(module, at module level?) for every import in ``path``; ``from a import b`` gives a and a.b."""
     import ast
 
+    tree = ast.parse(path.read_text())
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+    inside = {id(n) for f in ast.walk(tree) if isinstance(f, functions) for n in ast.walk(f)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        else:
+            continue
+        found += [(name, id(node) not in inside) for name in names]
+    return found
+
+
+def test_dependencies_point_one_way():
+    """harness -> envs -> verifiers, lab_adapters (ARCHITECTURE.md): no module imports upward."""
     forbidden = {
         "verifiers": ("labrl.envs", "labrl.harness", "labrl.lab_adapters"),
         "lab_adapters": ("labrl.envs", "labrl.harness"),
@@ -81,9 +100,88 @@ def test_dependencies_point_one_way():
     offenders = []
     for folder, banned in forbidden.items():
         for path in (ROOT / folder).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text())):
-                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
-                if isinstance(node, ast.ImportFrom) and node.module:
-                    names = [node.module]
-                offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.startswith(banned)]
+            offenders += [f"{path.relative_to(ROOT)}: {n}" for n, _ in _imports(path) if n.startswith(banned)]
     assert offenders == []
+
+
+MOCK = "labrl.lab_adapters.mock"
+#: the one place outside the mock that may start it: the lab envs' offline default (no ``lab_url``),
+#: imported inside the function that opens it, so an env talking to a real lab never loads the mock
+MOCK_STARTED_BY = {"envs/lab/session.py"}
+
+
+def test_no_real_adapter_and_no_env_imports_the_mock():
+    offenders = []
+    for folder in ("lab_adapters", "envs", "verifiers", "harness"):
+        for path in (ROOT / folder).rglob("*.py"):
+            where = path.relative_to(ROOT).as_posix()
+            if where.startswith("lab_adapters/mock/"):
+                continue
+            for name, module_level in _imports(path):
+                if (name == MOCK or name.startswith(MOCK + ".")) and (
+                    module_level or where not in MOCK_STARTED_BY
+                ):
+                    offenders.append(f"{where}: {name}")
+    assert offenders == []
+
+
+def test_the_mock_imports_only_public_lab_contracts():
+    """The mock is a lab: it sees the protocol and the recipe rules, never an env or the harness."""
+    allowed = (
+        "labrl.lab_adapters.mock",
+        "labrl.lab_adapters.protocol",
+        "labrl.lab_adapters.recipes",
+        "labrl.lab_adapters.calculators",
+        "labrl.lab_adapters.structures",
+        "labrl.verifiers.xrd",
+        "labrl.errors",
+        "labrl.offload",
+        "labrl.cli",
+    )
+    used = set()
+    for path in (ROOT / "lab_adapters" / "mock").rglob("*.py"):
+        used |= {n for n, _ in _imports(path) if n.startswith("labrl.")}
+    unexpected = sorted(n for n in used if not n.startswith(allowed) and n != "labrl.lab_adapters")
+    assert unexpected == []
+
+
+def test_importing_the_envs_and_real_adapters_loads_no_mock_code():
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "from labrl.envs import make\n"
+        "import labrl.lab_adapters, labrl.lab_adapters.rest, labrl.lab_adapters.journaled\n"
+        "env = make('lab/synthesis-v0')\n"
+        "task = env.make_task('train', 0)\n"
+        "assert env.unwrapped.gold_actions(task)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('labrl.lab_adapters.mock')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "name"),
+    [
+        ("labrl.lab_adapters.mock_server", "labrl.lab_adapters.mock.server", "MockLabConfig"),
+        ("labrl.lab_adapters.mock_store", "labrl.lab_adapters.mock.store", "MockStore"),
+        ("labrl.lab_adapters.mock_process", "labrl.lab_adapters.mock.process", "MockLabProcess"),
+        ("labrl.lab_adapters.simlab", "labrl.lab_adapters.mock.simlab", "execute"),
+        ("labrl.lab_adapters.synthesis", "labrl.lab_adapters.mock.chemistry", "synthesize"),
+        ("labrl.lab_adapters.synthesis", "labrl.lab_adapters.mock.chemistry", "SHELF"),
+        ("labrl.lab_adapters.synthesis", "labrl.lab_adapters.recipes", "gold_recipe"),
+    ],
+)
+def test_old_lab_paths_warn_and_forward(old, new, name):
+    import importlib
+    import sys
+
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=f"{old} moved to .*{new}"):
+        module = importlib.import_module(old)
+    assert getattr(module, name) is getattr(importlib.import_module(new), name)
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        _ = module.no_such_name

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from labrl.lab_adapters.mock_process import MockLabProcess
-from labrl.lab_adapters.mock_server import FaultConfig, MockLabConfig
+from labrl.lab_adapters.mock.process import MockLabProcess
+from labrl.lab_adapters.mock.server import FaultConfig, MockLabConfig
 
 TOKEN = "tok-3f9a1c77e2"  # a recognisable value the log checks search for
 

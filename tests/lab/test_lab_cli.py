@@ -76,7 +76,7 @@ def test_serve_mock_refuses_non_loopback(tmp_path):
 
 
 def test_serve_mock_needs_a_token(tmp_path, monkeypatch):
-    from labrl.lab_adapters.mock_server import MockLabConfig, create_app
+    from labrl.lab_adapters.mock.server import MockLabConfig, create_app
 
     monkeypatch.delenv("LABRL_MOCK_LAB_TOKEN", raising=False)
     with pytest.raises(

@@ -19,7 +19,7 @@ import pytest
 from labrl.errors import LabRejectedError
 from labrl.lab_adapters.journal import Journal
 from labrl.lab_adapters.journaled import JournaledLab, JournaledLabConfig
-from labrl.lab_adapters.mock_server import FaultConfig
+from labrl.lab_adapters.mock.server import FaultConfig
 from labrl.lab_adapters.rest import RestLabAdapter, RestLabConfig
 
 from .conftest import TOKEN, start_mock

@@ -20,8 +20,8 @@ from labrl.envs.lab import SynthesisEnv, SynthesisMultiTurnEnv
 from labrl.envs.lab.session import close_connections
 from labrl.envs.types import Action, Outcome
 from labrl.errors import ConfigError
-from labrl.lab_adapters.mock_server import MockLabConfig, create_app
-from labrl.lab_adapters.synthesis import gold_recipe
+from labrl.lab_adapters.mock.server import MockLabConfig, create_app
+from labrl.lab_adapters.recipes import gold_recipe
 
 from .conftest import TOKEN
 

@@ -9,20 +9,18 @@ import numpy as np
 import pytest
 
 from labrl.errors import InvalidActionError
-from labrl.lab_adapters import simlab
-from labrl.lab_adapters.synthesis import (
+from labrl.lab_adapters import recipes
+from labrl.lab_adapters.mock import simlab
+from labrl.lab_adapters.mock.chemistry import (
     CATALOG,
     SHELF,
-    TARGETS,
-    candidate_phases,
     equilibrium,
     formula_mass,
-    gold_recipe,
     measure_product,
-    parse_recipe,
     run_synthesis,
     synthesize,
 )
+from labrl.lab_adapters.recipes import TARGETS, candidate_phases, gold_recipe, parse_recipe
 from labrl.verifiers.xrd.library import load_library
 
 
@@ -41,6 +39,12 @@ def test_catalog_phases_are_in_the_xrd_library():
     library = load_library()
     assert all(p.phase_id in library for p in CATALOG)
     assert set(TARGETS) <= {p.phase_id for p in CATALOG if not p.on_shelf}
+
+
+def test_mock_catalog_is_exactly_the_public_shelf_and_products():
+    """The hidden chemistry adds thermodynamics to the public phases, never a phase of its own."""
+    assert [(p.formula, p.phase_id) for p in CATALOG if p.on_shelf] == list(recipes.SHELF.items())
+    assert [(p.formula, p.phase_id) for p in CATALOG if not p.on_shelf] == list(recipes.PRODUCTS.items())
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
