@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from labrl.errors import LabError, LabRejectedError, LabTimeoutError
 from labrl.lab_adapters.journal import Journal, JournalEntry
 from labrl.lab_adapters.protocol import JobRef, JobState, JobStatus, LabAdapter, SupportsEvents
-from labrl.lab_adapters.resilience import backoff_delay
+from labrl.resilience import backoff_delay
 
 log = logging.getLogger(__name__)
 

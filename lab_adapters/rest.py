@@ -19,7 +19,7 @@ HTTP statuses become labrl errors::
     other statuses              -> LabStatusError       never retried
     breaker open                -> LabCircuitOpenError  waits for the half-open probe
 
-Retries use full-jitter exponential backoff (``resilience.backoff_delay``);
+Retries use full-jitter exponential backoff (``labrl.resilience.Backoff``, jitter 0.5);
 calls are paced by a token bucket and capped by a semaphore. The API key is
 read from the environment variable ``api_key_env`` when the adapter is built;
 it lives only in the Authorization header of outgoing requests, never in a
@@ -29,7 +29,6 @@ repr, a log line or an error message.
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import logging
 import os
 import random
@@ -51,7 +50,7 @@ from labrl.errors import (
     LabTransportError,
 )
 from labrl.lab_adapters.protocol import EventPage, JobRef, JobState, JobStatus
-from labrl.lab_adapters.resilience import CircuitBreaker, TokenBucket, backoff_delay
+from labrl.resilience import Backoff, CircuitBreaker, TokenBucket, retry_after_s
 
 log = logging.getLogger(__name__)
 
@@ -110,20 +109,6 @@ class _Secret:
     __str__ = __repr__
 
 
-def _retry_after(response: httpx.Response) -> float | None:
-    """Seconds from a Retry-After header (delta-seconds or an HTTP date), None if absent or bad."""
-    value = response.headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        parsed = email.utils.parsedate_to_datetime(value) if value else None
-        if parsed is None:
-            return None
-        return max(0.0, parsed.timestamp() - time.time())
-
-
 def _brief(response: httpx.Response) -> str:
     try:
         detail = response.json().get("detail", response.text)
@@ -158,6 +143,12 @@ class RestLabAdapter:
             TokenBucket(config.rate_limit_per_s, config.rate_burst) if config.rate_limit_per_s else None
         )
         self.breaker = CircuitBreaker(config.breaker_threshold, config.breaker_reset_s)
+        self._backoff = Backoff(
+            config.backoff_base_s,
+            config.backoff_max_s,
+            jitter=0.5,
+            retry_after_cap_s=config.retry_after_max_s,
+        )
         self._rng = random.Random(config.seed)
         #: calls, retries and their reasons, for benchmarks and metrics
         self.stats: Counter[str] = Counter()
@@ -235,8 +226,7 @@ class RestLabAdapter:
                     f"{method} {path}: circuit open after {cfg.breaker_threshold} consecutive failures"
                 )
                 if attempt + 1 < cfg.max_attempts:
-                    delay = backoff_delay(attempt, cfg.backoff_base_s, cfg.backoff_max_s, self._rng)
-                    await asyncio.sleep(max(self.breaker.retry_in(), delay))
+                    await asyncio.sleep(max(self.breaker.retry_in(), self._backoff.delay(attempt, self._rng)))
                 continue
             if self._bucket is not None:
                 await self._bucket.acquire()
@@ -263,7 +253,7 @@ class RestLabAdapter:
                 if status in RETRY_STATUSES or status >= 500:
                     self.breaker.record_failure()
                     self.stats[f"retry_{status}"] += 1
-                    wait = _retry_after(response)
+                    wait = retry_after_s(response.headers.get("retry-after"))
                     last = LabStatusError(f"{method} {path}: HTTP {status}: {_brief(response)}")
                 else:
                     self.breaker.record_success()  # the lab is up; the request is wrong
@@ -271,10 +261,7 @@ class RestLabAdapter:
                         raise LabRejectedError(f"{method} {path}: HTTP {status}: {_brief(response)}")
                     raise LabStatusError(f"{method} {path}: unexpected HTTP {status}: {_brief(response)}")
             if attempt + 1 < cfg.max_attempts:
-                delay = backoff_delay(attempt, cfg.backoff_base_s, cfg.backoff_max_s, self._rng)
-                if wait is not None:
-                    delay = min(max(delay, wait), cfg.retry_after_max_s)
-                await asyncio.sleep(delay)
+                await asyncio.sleep(self._backoff.delay(attempt, self._rng, retry_after=wait))
         assert last is not None
         self.stats["gave_up"] += 1
         log.warning("lab call %s %s gave up after %d attempts: %s", method, path, cfg.max_attempts, last)

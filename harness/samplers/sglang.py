@@ -54,6 +54,7 @@ from labrl.harness.samplers.sglang_wire import (
     to_learner_layout,
 )
 from labrl.harness.types import FinishReason, GenerateRequest, GenerateResult
+from labrl.resilience import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -327,7 +328,7 @@ class SGLangSampler:
                     raise SamplerError(
                         f"request {req.rid}: gave up after {cfg.max_retries} retries: {exc}"
                     ) from exc
-                await asyncio.sleep(cfg.retry_backoff_s * 2 ** (retries - 1))
+                await asyncio.sleep(Backoff(cfg.retry_backoff_s).delay(retries - 1))
                 continue
             finally:
                 server.in_flight -= 1

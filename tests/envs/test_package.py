@@ -173,6 +173,7 @@ def test_importing_the_envs_and_real_adapters_loads_no_mock_code():
         ("labrl.lab_adapters.synthesis", "labrl.lab_adapters.mock.chemistry", "synthesize"),
         ("labrl.lab_adapters.synthesis", "labrl.lab_adapters.mock.chemistry", "SHELF"),
         ("labrl.lab_adapters.synthesis", "labrl.lab_adapters.recipes", "gold_recipe"),
+        ("labrl.lab_adapters.resilience", "labrl.resilience", "CircuitBreaker"),
     ],
 )
 def test_old_lab_paths_warn_and_forward(old, new, name):

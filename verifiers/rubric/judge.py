@@ -11,7 +11,8 @@ with the isolated prompt of ``labrl.verifiers.rubric.prompt`` and a
 - Concurrency: at most ``max_concurrency`` requests in flight per client.
 - Retries: transport errors (connect, read, timeouts), HTTP 5xx and 429 are
   retried ``max_retries`` times with backoff ``min(backoff_s * 2**attempt,
-  backoff_max_s)`` (a 429's ``Retry-After`` wins when larger, up to the cap).
+  backoff_max_s)`` (``labrl.resilience.Backoff``, no jitter; a 429's
+  ``Retry-After`` wins when larger, up to the cap).
   Other 4xx are not retried. A malformed answer is not retried either: it is
   a ``VerifierError`` at once.
 - Every request is bounded by ``timeout_s`` (httpx's timeout and an
@@ -47,6 +48,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from labrl.errors import ConfigError, JudgeError, VerifierError
+from labrl.resilience import Backoff, retry_after_s
 from labrl.verifiers.rubric.items import LLMItem
 from labrl.verifiers.rubric.prompt import PROMPT_VERSION, build_messages, parse_scores, response_format
 
@@ -160,6 +162,9 @@ class JudgeClient:
         self.cache = cache if cache is not None else default_cache()
         self.stats = JudgeStats()
         self._sleep = sleep
+        self._backoff = Backoff(
+            config.backoff_s, config.backoff_max_s, retry_after_cap_s=config.backoff_max_s
+        )
         if transport is None and config.base_url == MOCK_SCHEME:
             from labrl.verifiers.rubric.mock_judge import MockJudgeConfig, create_app
 
@@ -271,15 +276,6 @@ class JudgeClient:
             ) from None
         return parse_scores(content, ids)  # type: ignore[arg-type]
 
-    def _delay(self, attempt: int, retry_after: str | None) -> float:
-        delay = min(self.config.backoff_s * 2**attempt, self.config.backoff_max_s)
-        if retry_after is not None:
-            try:
-                delay = max(delay, min(float(retry_after), self.config.backoff_max_s))
-            except ValueError:
-                pass  # an HTTP-date Retry-After: keep our own backoff
-        return delay
-
     async def _post(self, body: dict[str, Any]) -> Any:
         client = self._client()
         assert self._semaphore is not None
@@ -311,7 +307,7 @@ class JudgeClient:
                 raise JudgeError(
                     f"judge {name!r} at {self.config.url} failed after {attempt + 1} attempt(s): {failure}"
                 )
-            delay = self._delay(attempt, retry_after)
+            delay = self._backoff.delay(attempt, retry_after=retry_after_s(retry_after))
             log.warning("judge %s: %s; retry %d in %.2f s", name, failure, attempt + 1, delay)
             self.stats.retries += 1
             attempt += 1
