@@ -3,7 +3,7 @@
 One typed config (``ObjectiveConfig``) composes an advantage estimator, a
 policy loss, behaviour-policy corrections and an aggregation mode. The learner
 calls ``prepare`` once per global batch (no grad) and ``policy_loss`` per
-micro-batch; see ``_objective`` for the flow and README.md ("Off-policy objectives") for the
+micro-batch; see ``_objective`` for the flow and docs/objectives.md for the
 formulas. Each building block is also exported as a plain function so it can
 be tested and reused on its own.
 """

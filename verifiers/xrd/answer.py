@@ -1,6 +1,6 @@
 """Parse a model's phase-identification answer into library phases.
 
-Accepted forms (also listed in README.md, "XRD phase identification"):
+Accepted forms (also listed in docs/xrd.md):
 
 - a candidate letter when the prompt lists candidates: ``B``, ``(B)``,
   ``Answer: B``, ``<answer>B</answer>``, or ``{"answer": "B"}``;
