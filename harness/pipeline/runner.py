@@ -38,6 +38,7 @@ from labrl.harness.pipeline.orchestrator import Orchestrator, latest_checkpoint
 from labrl.harness.pipeline.overlong import BudgetForcingSampler
 from labrl.harness.samplers.local import LocalSamplerConfig
 from labrl.harness.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+from labrl.harness.types import Closeable
 
 
 def make_env_factory(cfg: RunConfig):
@@ -131,7 +132,7 @@ async def train(cfg: RunConfig, *, fresh: bool = False, progress: bool | None = 
     show = cfg.pipeline.progress if progress is None else progress
     live = LiveProgress(cfg.pipeline.total_steps, rich_view=show)
     started = time.perf_counter()
-    learner = build_learner(cfg, tokenizer)
+    learner = build_learner(cfg)
     if ckpt is None and cfg.model.init_from_hf is not None:  # a resumed run loads its own checkpoint
         initialise_from_hf(learner, cfg.model.init_from_hf, model_cfg)
     sft_s = 0.0
@@ -194,10 +195,8 @@ async def train(cfg: RunConfig, *, fresh: bool = False, progress: bool | None = 
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
-        # SGLangSampler holds an HTTP client (BudgetForcingSampler wraps it as .inner)
-        close = getattr(getattr(sampler, "inner", sampler), "close", None)
-        if close is not None:
-            await close()
+        if isinstance(sampler, Closeable):  # SGLangSampler's HTTP client; BudgetForcingSampler passes it on
+            await sampler.close()
         live.close()
         metrics.close()
         evals.close()
