@@ -305,3 +305,10 @@ def test_quickstart_resolves_to_the_captured_component_configs(name):
         want["return_routed_experts"],
     )
     assert get_preset("tiny-moe") != c.model  # the overrides were applied
+
+
+def test_the_reference_lists_every_key_and_every_deprecation():
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    missing = [key for key, _, _ in _leaves(RunConfig, "", frozenset()) if f"`{key.lstrip('.')}`" not in doc]
+    assert not missing, f"docs/configuration.md lacks {missing}"
+    assert all(f"| `{old}` | `{new}` |" in doc for old, new in DEPRECATED_KEYS.items())

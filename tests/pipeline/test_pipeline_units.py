@@ -46,7 +46,7 @@ def test_typo_in_override_names_the_key_and_the_closest_one():
 
 def test_typo_in_yaml_file_is_an_error(tmp_path):
     path = tmp_path / "run.yaml"
-    path.write_text("env:\n  id: test/letter-v0\nlearner:\n  lr: 0.1\n  micro_batch: 4\n")
+    path.write_text("env:\n  id: test/letter-v0\nlearner:\n  optimizer:\n    lr: 0.1\n  micro_batch: 4\n")
     with pytest.raises(
         ConfigError,
         match=re.escape("learner.micro_batch: unknown key; did you mean learner.micro_batch_size?"),
