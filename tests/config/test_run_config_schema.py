@@ -312,3 +312,25 @@ def test_the_reference_lists_every_key_and_every_deprecation():
     missing = [key for key, _, _ in _leaves(RunConfig, "", frozenset()) if f"`{key.lstrip('.')}`" not in doc]
     assert not missing, f"docs/configuration.md lacks {missing}"
     assert all(f"| `{old}` | `{new}` |" in doc for old, new in DEPRECATED_KEYS.items())
+
+
+def test_the_cli_shows_the_deprecation_to_its_user(tmp_path):
+    """Python hides DeprecationWarning outside __main__: the CLI's warning set-up shows labrl's own."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "old.yaml"
+    path.write_text("env: {id: test/letter-v0}\nsampler: {max_batch_size: 4}\n")
+    code = (
+        "from labrl._warnings import quiet_expected_warnings; quiet_expected_warnings()\n"
+        "from labrl.harness.config import load_run_config\n"
+        f"print(load_run_config({str(path)!r}).sampler.local.max_batch_size)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "4"
+    assert (
+        "sampler.max_batch_size is deprecated" in out.stderr
+        and "use sampler.local.max_batch_size" in out.stderr
+    )
