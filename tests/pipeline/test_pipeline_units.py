@@ -58,7 +58,8 @@ def test_overrides_are_parsed_as_yaml_scalars_and_lists(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("env:\n  id: test/letter-v0\npipeline:\n  mode: sync\n")
     cfg = load_run_config(
-        path, ["learner.optimizer.lr=3e-4", "pipeline.mode=pipeline", "objective.corrections=[m2po]", "seed=7"]
+        path,
+        ["learner.optimizer.lr=3e-4", "pipeline.mode=pipeline", "objective.corrections=[m2po]", "seed=7"],
     )
     assert cfg.learner.optimizer.lr == 3e-4
     assert cfg.pipeline.mode == "pipeline"
