@@ -4,11 +4,25 @@
 
     cfg = load_run_config("configs/quickstart.yaml", ["pipeline.max_staleness=4", "seed=1"])
 
-Sections: ``env`` (id + constructor options), ``model`` (a preset name, with
-optional field overrides), ``sampler`` (local | sglang), ``learner`` (optimizer,
-micro-batch, router replay), ``objective`` (``labrl.harness.objectives.ObjectiveConfig``),
-``pipeline`` (mode, batch, staleness, concurrency, overlong handling, eval,
-checkpoints), ``sft`` (format-only warm start), ``seed``, ``run_dir``.
+The run config is composed of the components' own config classes (each
+component owns one pydantic class; a section is that class, or that class
+minus the fields another section sets, generated from it so that a field added
+to the component is reachable here without edits):
+
+- ``env`` (id + constructor options), ``model`` (a preset, field overrides of
+  ``MoEModelConfig``, or ``init_from_hf``), ``parallel`` (``ParallelConfig``:
+  TP/PP/EP sizes of the learner);
+- ``learner``: ``LearnerConfig`` without model/parallel/objective/temperature/seed
+  (``learner.optimizer`` is ``OptimizerConfig``);
+- ``sampler``: ``kind``, sampling parameters, ``local`` (``LocalSamplerConfig``
+  without seed/pad_token_id) and ``sglang`` (``SGLangSamplerConfig`` without the
+  model shape);
+- ``objective`` (``ObjectiveConfig``), ``pipeline`` (the orchestrator's config),
+  ``sft`` (format-only warm start), ``seed``, ``run_dir``.
+
+``component_configs`` is the one mapping from a run config to the component
+configs. Keys that moved (``DEPRECATED_KEYS``) still load, with a
+DeprecationWarning naming the new key. Reference: docs/configuration.md.
 
 Override values are parsed as YAML scalars (``lr=3e-4`` is a float,
 ``objective.corrections=[m2po]`` a list). Any unknown key, in the file or in
@@ -18,18 +32,26 @@ key (``pipeline.max_stalness: unknown key; did you mean pipeline.max_staleness?`
 
 from __future__ import annotations
 
+import copy
 import difflib
 import typing
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from labrl.errors import ConfigError
-from labrl.harness.learners.config import ReferenceKind, check_reference
-from labrl.harness.models.config import MoEModelConfig, Precision, get_preset
+from labrl.harness.learners.config import LearnerConfig, check_reference
+from labrl.harness.learners.config import ReferenceKind as ReferenceKind  # re-exported: public before
+from labrl.harness.models.config import MoEModelConfig, ParallelConfig, get_preset
+from labrl.harness.models.config import Precision as Precision  # re-exported: public before
 from labrl.harness.objectives import ObjectiveConfig
+from labrl.harness.samplers.local import LocalSamplerConfig
+from labrl.harness.samplers.sglang import SGLangSamplerConfig
+from labrl.harness.types import SamplingParams
 
 Mode = Literal["sync", "one_step_off", "pipeline"]
 OverlongMode = Literal["score", "filter", "force"]
@@ -83,36 +105,80 @@ class ModelSection(_Section):
             ) from None
 
 
+def component_section(
+    component: type[BaseModel],
+    name: str,
+    *,
+    derived: frozenset[str] = frozenset(),
+    replace: dict[str, tuple[Any, Any]] | None = None,
+) -> type[BaseModel]:
+    """A run-config section made of ``component``'s own fields, minus those another section sets.
+
+    The section is generated from the component's ``model_fields``, so a field
+    added to the component class is reachable from YAML and overrides without
+    touching this module. ``derived`` names the fields the run fills in from
+    other sections (``component_configs`` says from which); ``replace`` swaps a
+    field's (annotation, FieldInfo), e.g. to make a field that the component
+    requires optional in a section that may go unused.
+    """
+    fields: dict[str, Any] = {
+        field: (info.annotation, copy.deepcopy(info))
+        for field, info in component.model_fields.items()
+        if field not in derived
+    }
+    unknown = set(derived | set(replace or {})) - set(component.model_fields)
+    if unknown:
+        raise TypeError(f"{component.__name__} has no fields {sorted(unknown)}")
+    fields.update(replace or {})
+    return create_model(
+        name,
+        __base__=_Section,
+        __module__=__name__,
+        __doc__=f"``{component.__module__}.{component.__name__}`` without {sorted(derived) or 'nothing'} "
+        "(set from other sections).",
+        **fields,
+    )
+
+
+# Fields of each component that the run sets from another section (one source each):
+LEARNER_DERIVED = frozenset({"model", "parallel", "objective", "temperature", "seed"})
+LOCAL_SAMPLER_DERIVED = frozenset({"seed", "pad_token_id"})
+SGLANG_SAMPLER_DERIVED = frozenset({"num_hidden_layers", "moe_layers", "topk"})
+
+LearnerSection = component_section(LearnerConfig, "LearnerSection", derived=LEARNER_DERIVED)
+LocalSamplerSection = component_section(
+    LocalSamplerConfig, "LocalSamplerSection", derived=LOCAL_SAMPLER_DERIVED
+)
+SGLangSamplerSection = component_section(
+    SGLangSamplerConfig,
+    "SGLangSamplerSection",
+    derived=SGLANG_SAMPLER_DERIVED,
+    replace={
+        "urls": (
+            tuple[str, ...],
+            Field(
+                default=(), description="SGLang server base URLs, e.g. http://10.0.0.5:30000 (kind=sglang)"
+            ),
+        )
+    },
+)
+
+
 class SamplerSection(_Section):
+    """Which sampler runs (``kind``), its config (``local`` or ``sglang``), and the sampling parameters."""
+
     kind: Literal["local", "sglang"] = "local"
-    precision: Precision = "fp32"
-    max_batch_size: int = Field(default=64, ge=1)
-    batch_wait_s: float = Field(default=0.005, ge=0.0)
-    urls: list[str] = Field(default_factory=list, description="SGLang server base URLs (kind=sglang)")
-    weights_dir: str | None = Field(default=None, description="where HF checkpoints for SGLang are written")
-    temperature: float = Field(default=1.0, gt=0.0)
+    local: LocalSamplerSection = Field(default_factory=LocalSamplerSection)  # type: ignore[valid-type]
+    sglang: SGLangSamplerSection = Field(default_factory=SGLangSamplerSection)  # type: ignore[valid-type]
+    temperature: float = Field(default=1.0, gt=0.0, description="also the learner's logits temperature")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(default=32, ge=1)
 
     @model_validator(mode="after")
     def _urls(self) -> SamplerSection:
-        if self.kind == "sglang" and not self.urls:
-            raise ValueError("sampler.kind=sglang needs sampler.urls (e.g. [http://127.0.0.1:30000])")
+        if self.kind == "sglang" and not self.sglang.urls:
+            raise ValueError("sampler.kind=sglang needs sampler.sglang.urls (e.g. [http://127.0.0.1:30000])")
         return self
-
-
-class LearnerSection(_Section):
-    lr: float = Field(default=1e-3, gt=0)
-    weight_decay: float = Field(default=0.0, ge=0)
-    warmup_steps: int = Field(default=0, ge=0)
-    grad_clip: float | None = Field(default=1.0, gt=0)
-    micro_batch_size: int = Field(default=16, ge=1)
-    router_replay: bool = True
-    precision: Precision = "fp32"
-    reference: ReferenceKind = Field(
-        default="none",
-        description="reference policy of objective.kl_coef: none | initial (weights frozen when RL starts)",
-    )
 
 
 class OverlongSection(_Section):
@@ -181,18 +247,144 @@ class SFTSection(_Section):
 class RunConfig(_Section):
     env: EnvSection
     model: ModelSection = Field(default_factory=ModelSection)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     sampler: SamplerSection = Field(default_factory=SamplerSection)
-    learner: LearnerSection = Field(default_factory=LearnerSection)
+    learner: LearnerSection = Field(default_factory=LearnerSection)  # type: ignore[valid-type]
     objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
     pipeline: PipelineSection = Field(default_factory=PipelineSection)
     sft: SFTSection = Field(default_factory=SFTSection)
     seed: int = 0
     run_dir: str = "runs/default"
 
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: object) -> object:
+        return apply_deprecated_keys(data) if isinstance(data, dict) else data
+
     @model_validator(mode="after")
     def _reference_matches_kl(self) -> RunConfig:
         check_reference(self.learner.reference, self.objective.kl_coef, prefix="learner.")
         return self
+
+
+# -- keys that moved (accepted for one release) ----------------------------------
+
+DEPRECATED_KEYS: dict[str, str] = {
+    "sampler.precision": "sampler.local.precision",
+    "sampler.max_batch_size": "sampler.local.max_batch_size",
+    "sampler.batch_wait_s": "sampler.local.batch_wait_s",
+    "sampler.urls": "sampler.sglang.urls",
+    "sampler.weights_dir": "sampler.sglang.export_dir",
+    "learner.lr": "learner.optimizer.lr",
+    "learner.weight_decay": "learner.optimizer.weight_decay",
+    "learner.warmup_steps": "learner.optimizer.warmup_steps",
+    "learner.grad_clip": "learner.optimizer.grad_clip",
+}
+
+
+def apply_deprecated_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """Move every old key of ``DEPRECATED_KEYS`` to its new place, with a DeprecationWarning naming it.
+
+    Setting both the old and the new key is a ``ConfigError``: which one wins would be a guess.
+    """
+    out = dict(data)
+    for old, new in DEPRECATED_KEYS.items():
+        old_path, new_path = old.split("."), new.split(".")
+        parent = out.get(old_path[0])
+        if not isinstance(parent, dict) or old_path[1] not in parent:
+            continue
+        warnings.warn(
+            f"run config key {old} is deprecated and will be removed in the next release: use {new}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        section = dict(parent)
+        value = section.pop(old_path[1])
+        out[old_path[0]] = section
+        node = out
+        for i, part in enumerate(new_path[:-1]):
+            child = node.get(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"{old} moved to {new}, but {'.'.join(new_path[: i + 1])} is not a section")
+            node[part] = child = dict(child)
+            node = child
+        if new_path[-1] in node:
+            raise ConfigError(f"{old} (deprecated) and {new} are both set: keep only {new}")
+        node[new_path[-1]] = value
+    return out
+
+
+# -- the component configs of a run ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ComponentConfigs:
+    """What the run builds its learner, sampler and requests from: the one mapping from a RunConfig."""
+
+    model: MoEModelConfig
+    learner: LearnerConfig
+    sampler: LocalSamplerConfig | SGLangSamplerConfig
+    sampling: SamplingParams
+
+
+def _fields(section: BaseModel) -> dict[str, Any]:
+    """A section's field values as objects (nested configs stay models, unlike ``model_dump``)."""
+    return {name: getattr(section, name) for name in type(section).model_fields}
+
+
+def _component(cls: type[BaseModel], prefix: str, values: dict[str, Any]) -> Any:
+    try:
+        return cls.model_validate(values)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, cls, prefix=prefix)) from None
+
+
+def component_configs(cfg: RunConfig, *, model: MoEModelConfig, pad_token_id: int) -> ComponentConfigs:
+    """Compose each component's config from its section plus the fields other sections own.
+
+    Derived fields: the learner's ``model`` (``model``), ``parallel``, ``objective``,
+    ``temperature`` (``sampler.temperature``: the learner recomputes the sampler's
+    log-probs) and ``seed``; the local sampler's ``seed`` and ``pad_token_id``
+    (the tokenizer's); the SGLang sampler's ``num_hidden_layers``, ``moe_layers``
+    and ``topk`` (the model's shape). ``model`` is ``cfg.model.resolve()`` in a
+    run; pure validation, nothing heavy is built.
+    """
+    learner = _component(
+        LearnerConfig,
+        "learner",
+        _fields(cfg.learner)
+        | {
+            "model": model,
+            "parallel": cfg.parallel,
+            "objective": cfg.objective,
+            "temperature": cfg.sampler.temperature,
+            "seed": cfg.seed,
+        },
+    )
+    sampler: LocalSamplerConfig | SGLangSamplerConfig
+    if cfg.sampler.kind == "local":
+        sampler = _component(
+            LocalSamplerConfig,
+            "sampler.local",
+            _fields(cfg.sampler.local) | {"seed": cfg.seed, "pad_token_id": pad_token_id},
+        )
+    else:
+        sampler = _component(
+            SGLangSamplerConfig,
+            "sampler.sglang",
+            _fields(cfg.sampler.sglang)
+            | {
+                "num_hidden_layers": model.num_layers,
+                "moe_layers": tuple(model.moe_layer_indices),
+                "topk": model.moe_router_topk,
+            },
+        )
+    sampling = SamplingParams(
+        max_new_tokens=cfg.sampler.max_new_tokens,
+        temperature=cfg.sampler.temperature,
+        top_p=cfg.sampler.top_p,
+    )
+    return ComponentConfigs(model=model, learner=learner, sampler=sampler, sampling=sampling)
 
 
 # -- loading ---------------------------------------------------------------------

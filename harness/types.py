@@ -103,6 +103,26 @@ class Sampler(Protocol):
     async def resume(self) -> None: ...
 
 
+@runtime_checkable
+class ReportsSamplerStats(Protocol):
+    """A sampler that counts its work (optional ability; checked with ``isinstance``).
+
+    ``stats["busy_s"]``: wall seconds with at least one request in flight (the
+    pipeline's "sampler busy" fraction); other keys are the sampler's own
+    counters (``generated_tokens``, ``retried``, ...).
+    """
+
+    @property
+    def stats(self) -> Mapping[str, float]: ...
+
+
+@runtime_checkable
+class Closeable(Protocol):
+    """A sampler holding resources (HTTP clients, process groups) that the run releases at its end."""
+
+    async def close(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class Trajectory:
     """One episode as token-level training data.

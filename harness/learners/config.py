@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from labrl.harness.models.config import MoEModelConfig, ParallelConfig, get_preset
+from labrl.harness.models.config import MoEModelConfig, ParallelConfig, Precision, get_preset
 from labrl.harness.objectives import ObjectiveConfig
 
 ReferenceKind = Literal["none", "initial"]
@@ -75,6 +75,10 @@ class LearnerConfig(BaseModel):
     reference: ReferenceKind = Field(
         default="none",
         description="reference policy for objective.kl_coef > 0: 'initial' freezes the weights at the first train_step",
+    )
+    precision: Precision = Field(
+        default="fp32",
+        description="parameter/compute dtype of the learner (the CPU learner runs fp32; bf16 is for CUDA)",
     )
     seed: int = 0
 

@@ -21,7 +21,7 @@ import threading
 import torch
 
 from labrl.errors import ConfigError
-from labrl.harness.models.config import MoEModelConfig, ParallelConfig
+from labrl.harness.models.config import MoEModelConfig, ParallelConfig, check_parallel
 from labrl.harness.models.cpu_compat import apply_cpu_workarounds, cuda_available
 
 _init_lock = threading.Lock()
@@ -59,6 +59,7 @@ def ensure_model_parallel(parallel: ParallelConfig) -> None:
                     f"requested {wanted}: use the same ParallelConfig for every model in one process"
                 )
             return
+        check_parallel(parallel, cuda=not cpu, world_size=torch.distributed.get_world_size())
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=parallel.tensor_parallel,
             pipeline_model_parallel_size=parallel.pipeline_parallel,

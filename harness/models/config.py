@@ -31,6 +31,33 @@ class ParallelConfig(BaseModel):
     expert_parallel: int = Field(default=1, ge=1)
 
 
+def check_parallel(parallel: ParallelConfig, *, cuda: bool, world_size: int) -> None:
+    """Model parallelism must fit the hardware and the process group megatron-core splits.
+
+    Any size > 1 needs CUDA (megatron-core's parallel layers and the alltoall
+    dispatcher do), and megatron-core's ``initialize_model_parallel`` splits the
+    world into groups: ``world_size % (TP * PP) == 0`` for the dense layers and
+    ``world_size % (TP * EP * PP) == 0`` for the experts (expert-tensor size = TP).
+    """
+    tp, pp, ep = parallel.tensor_parallel, parallel.pipeline_parallel, parallel.expert_parallel
+    if (tp, pp, ep) == (1, 1, 1):
+        return
+    if not cuda:
+        raise ConfigError(
+            f"model parallelism (tensor_parallel={tp}, pipeline_parallel={pp}, expert_parallel={ep}) needs CUDA: "
+            "on CPU set tensor_parallel, pipeline_parallel and expert_parallel to 1 (parallel.* in a run config)"
+        )
+    for name, size in (
+        ("tensor_parallel * pipeline_parallel", tp * pp),
+        ("tensor_parallel * expert_parallel * pipeline_parallel", tp * ep * pp),
+    ):
+        if world_size % size:
+            raise ConfigError(
+                f"world size {world_size} is not a multiple of {name} = {size}: launch the learner with "
+                f"torchrun --nproc-per-node a multiple of {size}, or lower the parallel.* sizes"
+            )
+
+
 class MoEModelConfig(BaseModel):
     """A decoder-only GPT with RoPE, RMSNorm, SwiGLU and top-k routed experts."""
 
@@ -92,15 +119,8 @@ class MoEModelConfig(BaseModel):
         """
         from megatron.core.transformer.transformer_config import TransformerConfig
 
-        if cpu and (parallel.tensor_parallel, parallel.pipeline_parallel, parallel.expert_parallel) != (
-            1,
-            1,
-            1,
-        ):
-            raise ConfigError(
-                f"model parallelism {parallel.model_dump()} needs CUDA: on CPU set tensor_parallel, "
-                "pipeline_parallel and expert_parallel to 1"
-            )
+        if cpu:
+            check_parallel(parallel, cuda=False, world_size=1)
         layer_freq: int | list[int] = (
             1
             if self.moe_layer_freq == 1

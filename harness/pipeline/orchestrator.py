@@ -29,16 +29,16 @@ finishes, in-flight groups are cancelled and their (index, task seed) saved;
 the checkpoint holds learner, optimizer, buffer and that list. A resumed run
 restarts the in-flight groups first and never trains a group twice (each
 group index is trained at most once; ``trained.jsonl`` lists them per step).
+
+This module is the schedule; the per-step metrics live in ``stats`` and the
+checkpoint files in ``checkpoint``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
-import os
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,19 +49,44 @@ from labrl.envs.base import Env
 from labrl.errors import LabrlError
 from labrl.harness.batching import collate
 from labrl.harness.config import PipelineSection
-from labrl.harness.metrics import JsonlWriter, StepTimer, percentile
+from labrl.harness.metrics import JsonlWriter, StepTimer
 from labrl.harness.pipeline.admission import AdmissionState, may_start
 from labrl.harness.pipeline.buffer import Group, GroupBuffer
+from labrl.harness.pipeline.checkpoint import (
+    LEARNER_FILE,
+    STATE_FILE,
+    SUMMARY_FILE,
+    latest_checkpoint,
+    read_checkpoint,
+    write_checkpoint,
+    write_summary,
+)
 from labrl.harness.pipeline.overlong import process_overlong
+from labrl.harness.pipeline.stats import (
+    DropStreak,
+    StepStats,
+    episodes_over_staleness,
+    stall_message,
+    token_staleness,
+)
 from labrl.harness.rollout import rollout, rollout_group
 from labrl.harness.tokenizer import Tokenizer
-from labrl.harness.types import NO_VERSION, Learner, Sampler, SamplingParams, Trajectory
+from labrl.harness.types import Learner, Sampler, SamplingParams, Trajectory
 
-STATE_FILE = "pipeline.pt"
-LEARNER_FILE = "learner.pt"
-
-
-SUMMARY_FILE = "summary.json"
+# Re-exported: these names were defined here before the statistics and checkpoint modules existed.
+__all__ = [
+    "LEARNER_FILE",
+    "STATE_FILE",
+    "SUMMARY_FILE",
+    "DropStreak",
+    "Orchestrator",
+    "PipelineStalledError",
+    "latest_checkpoint",
+    "sampling_seed",
+    "stall_message",
+    "task_seed",
+    "token_staleness",
+]
 
 
 class PipelineStalledError(LabrlError, RuntimeError):
@@ -69,74 +94,6 @@ class PipelineStalledError(LabrlError, RuntimeError):
 
     Raised after the run was checkpointed (when it has a run directory), so it is resumable.
     """
-
-
-@dataclasses.dataclass
-class DropStreak:
-    """The groups dropped since the last kept group (or learner step), by kind."""
-
-    all_correct: int = 0  # every trainable reward 1: the policy solves the task
-    all_wrong: int = 0  # every trainable reward 0: the policy fails it
-    constant: int = 0  # one identical partial reward
-    untrainable: int = 0  # no trainable episode (timeouts, env / verifier errors)
-    reward_sum: float = 0.0  # sum of the mean trainable reward of each scored dropped group
-
-    @property
-    def count(self) -> int:
-        return self.all_correct + self.all_wrong + self.constant + self.untrainable
-
-    @property
-    def scored(self) -> int:
-        return self.all_correct + self.all_wrong + self.constant
-
-    def add(self, group: Group) -> None:
-        rewards = [float(t.reward) for t in group.trainable]  # type: ignore[arg-type]
-        if not rewards:
-            self.untrainable += 1
-            return
-        mean = sum(rewards) / len(rewards)
-        self.reward_sum += mean
-        if min(rewards) >= 1.0 - 1e-9:
-            self.all_correct += 1
-        elif max(rewards) <= 1e-9:
-            self.all_wrong += 1
-        else:
-            self.constant += 1
-
-
-_DIAGNOSIS = {
-    "all_correct": (
-        "Most dropped groups were all-correct: the policy solves these train tasks every time, so they "
-        "hold nothing left to learn (the reward is not broken; training may have converged)"
-    ),
-    "all_wrong": (
-        "Most dropped groups were all-wrong: the policy fails these train tasks every time, so "
-        "group-relative advantages carry no signal (check the env's rewards, or warm-start closer to the task)"
-    ),
-    "constant": (
-        "Most dropped groups got one identical partial reward: check that the env's reward varies with the answer"
-    ),
-    "untrainable": (
-        "Most dropped groups had no trainable episode (timeouts, env or verifier errors): "
-        "see episodes/masked_* in metrics.jsonl"
-    ),
-}
-
-
-def stall_message(streak: DropStreak, cfg: PipelineSection) -> str:
-    """What the stall guard says: how many groups of which kind, why, and the knobs."""
-    kinds = {k: getattr(streak, k) for k in _DIAGNOSIS}
-    dominant = max(kinds, key=lambda k: kinds[k])  # ties: the first listed
-    mean = f"{streak.reward_sum / streak.scored:.3f}" if streak.scored else "n/a"
-    limit = cfg.max_oversample_factor * cfg.batch_groups
-    return (
-        f"dynamic sampling dropped {streak.count} groups in a row, more than pipeline.max_oversample_factor x "
-        f"pipeline.batch_groups = {cfg.max_oversample_factor:g} x {cfg.batch_groups} = {limit:g}: "
-        f"{streak.all_correct} all-correct, {streak.all_wrong} all-wrong, {streak.constant} with another "
-        f"constant reward, {streak.untrainable} untrainable; mean reward of the dropped groups {mean}. "
-        f"{_DIAGNOSIS[dominant]}. To go on, raise pipeline.max_oversample_factor, or set "
-        f"pipeline.dynamic_sampling=false with objective.advantages=whiten (trains on every group)."
-    )
 
 
 def task_seed(run_seed: int, index: int) -> int:
@@ -147,16 +104,6 @@ def task_seed(run_seed: int, index: int) -> int:
 def sampling_seed(run_seed: int, index: int, group_size: int) -> int:
     """Seed of member 0 of group ``index``; member i uses ``+ i`` (rollout_group)."""
     return (run_seed * 1_000_003 + index) * group_size
-
-
-def token_staleness(trajectories: list[Trajectory], learner_version: int) -> list[int]:
-    """``learner_version - version`` for every loss-mask token."""
-    return [
-        learner_version - v
-        for t in trajectories
-        for v, m in zip(t.versions_T, t.loss_mask_T, strict=True)
-        if m and v != NO_VERSION
-    ]
 
 
 class Orchestrator:
@@ -207,11 +154,7 @@ class Orchestrator:
         self._sync_lock = asyncio.Lock()
         self._eval_task: asyncio.Task | None = None
         self._drops = DropStreak()
-        self._window = self._new_window()
-        self._learner_busy_s = 0.0
-        self._started = time.perf_counter()
-        self._last_step_at = self._started
-        self._sampler_busy_at_start = self._sampler_busy()
+        self.metrics = StepStats(sampler)
         self._trained_log = JsonlWriter(self.run_dir / "trained.jsonl") if self.run_dir else None
 
     # -- public -------------------------------------------------------------------
@@ -249,9 +192,7 @@ class Orchestrator:
 
     async def run(self) -> dict[str, Any]:
         """Train until ``total_steps`` or a stop request; returns a summary."""
-        self._started = time.perf_counter()
-        self._last_step_at = self._started
-        self._sampler_busy_at_start = self._sampler_busy()
+        self.metrics.start()
         timer = StepTimer(self.step)
         producer = asyncio.create_task(self._produce(), name="producer")
         try:
@@ -296,7 +237,7 @@ class Orchestrator:
     def summary(self) -> dict[str, Any]:
         return {
             "step": self.step,
-            "wall_s": time.perf_counter() - self._started,
+            "wall_s": self.metrics.wall_s(),
             "counters": dict(self.buffer.counters),
             "eval": self.eval_history[-1] if self.eval_history else None,
         }
@@ -316,9 +257,7 @@ class Orchestrator:
             "checkpoint": str(target),
             "eval_history": self.eval_history,
         }
-        tmp = self.run_dir / (SUMMARY_FILE + ".tmp")
-        tmp.write_text(json.dumps(summary, indent=2, default=str))
-        os.replace(tmp, self.run_dir / SUMMARY_FILE)
+        write_summary(self.run_dir, summary)
         return PipelineStalledError(message)
 
     # -- producer -----------------------------------------------------------------
@@ -365,11 +304,11 @@ class Orchestrator:
             processed = []
             for t in trajectories:
                 t, flags = process_overlong(t, self.cfg.overlong, self.sampling.max_new_tokens)
-                self._window["overlong"].update(flags)
+                self.metrics.record_overlong(flags)
                 processed.append(dataclasses.replace(t, group_id=f"g{index}"))
             group = Group(index, seed, processed, start_version, started, time.perf_counter())
             verdict = self.buffer.add(group)
-            self._record_episodes(processed)
+            self.metrics.record_episodes(processed)
             if verdict == "kept":
                 self._drops = DropStreak()
             else:
@@ -401,11 +340,7 @@ class Orchestrator:
             batch = collate(trajectories, self.tokenizer.pad_token_id)
             version = self.learner.version
             staleness = token_staleness(trajectories, version)
-            over_max = sum(
-                1
-                for t in trajectories
-                if token_staleness([t], version) and max(token_staleness([t], version)) > self.max_staleness
-            )
+            over_max = episodes_over_staleness(trajectories, version, self.max_staleness)
             now = time.perf_counter()
             queue_s = [now - g.finished_at for g in groups]
             self._learner_busy = True
@@ -415,7 +350,7 @@ class Orchestrator:
                 learner_metrics = await asyncio.to_thread(self.learner.train_step, batch)
             finally:
                 self._learner_busy = False
-                self._learner_busy_s += time.perf_counter() - t0
+                self.metrics.learner_busy_s += time.perf_counter() - t0
             self.step += 1
             self._drops = DropStreak()
             indices = [g.index for g in groups]
@@ -426,29 +361,46 @@ class Orchestrator:
             self._pending_weights = (weights, self.learner.version)
             if not self.defer_weight_sync or not self._inflight:
                 await self._sync_weights()
-            record = self._step_record(trajectories, staleness, over_max, queue_s, learner_metrics)
+            record = self.metrics.step_record(
+                step=self.step,
+                cfg=self.cfg,
+                max_staleness=self.max_staleness,
+                learner_version=self.learner.version,
+                buffer=self.buffer,
+                inflight_groups=len(self._inflight),
+                trained_groups=len(self.trained_groups),
+                trajectories=trajectories,
+                staleness=staleness,
+                over_max=over_max,
+                queue_s=queue_s,
+                learner_metrics=learner_metrics,
+            )
             record["eta_s"] = timer.eta_s(self.step, self.cfg.total_steps)
             if self.eval_history:
                 record["eval/accuracy"] = self.eval_history[-1]["accuracy"]
             if self.on_step is not None:
                 self.on_step(record)
-            if (
-                self.cfg.eval_every > 0
-                and self.step % self.cfg.eval_every == 0
-                and self.step < self.cfg.total_steps
-            ):
-                if self._eval_task is not None and not self._eval_task.done():
-                    await self._eval_task
-                self._eval_task = asyncio.create_task(self._evaluate(self.step))
-            if (
-                self.run_dir is not None
-                and self.cfg.checkpoint_every
-                and self.step % self.cfg.checkpoint_every == 0
-            ):
-                self.save_checkpoint()
+            await self._periodic_eval_and_checkpoint()
             self._wake.set()
         if self._eval_task is not None and not self._stopping:
             await self._eval_task
+
+    async def _periodic_eval_and_checkpoint(self) -> None:
+        """Every ``eval_every`` steps start an evaluation (one at a time); every ``checkpoint_every`` save."""
+        if (
+            self.cfg.eval_every > 0
+            and self.step % self.cfg.eval_every == 0
+            and self.step < self.cfg.total_steps
+        ):
+            if self._eval_task is not None and not self._eval_task.done():
+                await self._eval_task
+            self._eval_task = asyncio.create_task(self._evaluate(self.step))
+        if (
+            self.run_dir is not None
+            and self.cfg.checkpoint_every
+            and self.step % self.cfg.checkpoint_every == 0
+        ):
+            self.save_checkpoint()
 
     async def _sync_weights(self) -> None:
         async with self._sync_lock:
@@ -491,100 +443,11 @@ class Orchestrator:
             "reward_mean": sum(scored) / len(scored) if scored else None,
             "overlong_frac": sum(t.finish_reason == "length" for t in results) / len(results),
             "eval_s": time.perf_counter() - t0,
-            "time_s": time.perf_counter() - self._started,
+            "time_s": self.metrics.wall_s(),
         }
         self.eval_history.append(record)
         if self.on_eval is not None:
             self.on_eval(record)
-        return record
-
-    # -- metrics ----------------------------------------------------------------------
-
-    @staticmethod
-    def _new_window() -> dict[str, Any]:
-        return {
-            "rewards": [],
-            "env_s": [],
-            "generation_s": [],
-            "tokens": 0,
-            "episodes": 0,
-            "overlong": Counter(),
-        }
-
-    def _record_episodes(self, trajectories: list[Trajectory]) -> None:
-        w = self._window
-        for t in trajectories:
-            w["episodes"] += 1
-            w["tokens"] += sum(1 for v in t.versions_T if v != NO_VERSION)
-            if t.reward is not None:
-                w["rewards"].append(t.reward)
-            w["env_s"].append(t.timings.get("env_s", 0.0))
-            w["generation_s"].append(t.timings.get("generation_s", 0.0))
-
-    def _sampler_busy(self) -> float:
-        return float(getattr(self.sampler, "stats", {}).get("busy_s", 0.0))
-
-    def _step_record(
-        self,
-        trajectories: list[Trajectory],
-        staleness: list[int],
-        over_max: int,
-        queue_s: list[float],
-        learner_metrics: dict[str, float],
-    ) -> dict[str, Any]:
-        now = time.perf_counter()
-        dt = max(now - self._last_step_at, 1e-9)
-        self._last_step_at = now
-        w, self._window = self._window, self._new_window()
-        wall = max(now - self._started, 1e-9)
-        rewards = [float(t.reward) for t in trajectories]  # type: ignore[arg-type]
-        counters = self.buffer.counters
-        record: dict[str, Any] = {
-            "step": self.step,
-            "time_s": wall,
-            "mode": self.cfg.mode,
-            "learner_version": self.learner.version,
-            "sampler_version": self.sampler.version,
-            "reward/mean": sum(rewards) / len(rewards),
-            "reward/accuracy": sum(r >= 1.0 - 1e-9 for r in rewards) / len(rewards),
-            "reward/episodes_mean": sum(w["rewards"]) / len(w["rewards"]) if w["rewards"] else None,
-            "samples/trained": len(trajectories),
-            "samples/trained_total": len(self.trained_groups) * self.cfg.group_size,
-            "staleness/mean": sum(staleness) / len(staleness) if staleness else 0.0,
-            "staleness/max": max(staleness) if staleness else 0,
-            "staleness/hist": dict(sorted(Counter(staleness).items())),
-            "staleness/over_max_episodes": over_max,
-            "staleness/limit": self.max_staleness,
-            "queue_s/mean": sum(queue_s) / len(queue_s),
-            "episodes/finished": w["episodes"],
-            "episodes/total": counters["episodes"],
-            "episodes/masked_total": counters["episodes_masked"],
-            "episodes/masked_frac": counters["episodes_masked"] / max(1, counters["episodes"]),
-            "groups/zero_variance_total": counters["groups_zero_variance"],
-            "groups/untrainable_total": counters["groups_untrainable"],
-            "groups/kept_total": counters["groups_kept"],
-            "groups/inflight": len(self._inflight),
-            "groups/buffered": len(self.buffer),
-            "groups/keep_rate": self.buffer.keep_rate,
-            "overlong/episodes": w["overlong"]["overlong"],
-            "overlong/forced": w["overlong"]["forced"],
-            "overlong/filtered": w["overlong"]["filtered"],
-            "overlong/penalised": w["overlong"]["penalised"],
-            "env_latency/p50": percentile(w["env_s"], 50),
-            "env_latency/p90": percentile(w["env_s"], 90),
-            "env_latency/p99": percentile(w["env_s"], 99),
-            "generation_s/p50": percentile(w["generation_s"], 50),
-            "throughput/tokens_per_s": w["tokens"] / dt,
-            "throughput/samples_per_s": len(trajectories) / dt,
-            "busy/learner": self._learner_busy_s / wall,
-            "busy/sampler": (self._sampler_busy() - self._sampler_busy_at_start) / wall,
-            "step_s": dt,
-        }
-        for k, v in learner_metrics.items():
-            record.setdefault(k, v)
-        for k, v in counters.items():
-            if k.startswith("episodes_masked_"):
-                record[f"episodes/{k.removeprefix('episodes_')}_total"] = v
         return record
 
     # -- checkpoint / resume ------------------------------------------------------------
@@ -605,27 +468,11 @@ class Orchestrator:
     def save_checkpoint(self) -> Path:
         """``run_dir/checkpoints/step_N/{learner.pt, pipeline.pt}`` and a ``latest`` pointer (atomic)."""
         assert self.run_dir is not None
-        root = self.run_dir / "checkpoints"
-        target = root / f"step_{self.step:06d}"
-        target.mkdir(parents=True, exist_ok=True)
-        self.learner.save_checkpoint(str(target / LEARNER_FILE))
-        tmp = target / (STATE_FILE + ".tmp")
-        torch.save(self.state_dict(), tmp)
-        os.replace(tmp, target / STATE_FILE)
-        pointer = root / "latest.tmp"
-        pointer.write_text(target.name)
-        os.replace(pointer, root / "latest")
-        for old in sorted(p for p in root.glob("step_*") if p.is_dir() and p != target)[:-1]:
-            for f in old.iterdir():
-                f.unlink()
-            old.rmdir()
-        return target
+        return write_checkpoint(self.run_dir, self.step, self.learner, self.state_dict())
 
     async def resume(self, checkpoint_dir: str | Path) -> None:
         """Load learner + pipeline state; push the learner's weights to the sampler."""
-        path = Path(checkpoint_dir)
-        self.learner.load_checkpoint(str(path / LEARNER_FILE))
-        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
+        state = read_checkpoint(checkpoint_dir, self.learner)
         self.step = int(state["step"])
         self.next_group_index = int(state["next_group_index"])
         self.trained_groups = list(state["trained_groups"])
@@ -635,11 +482,3 @@ class Orchestrator:
         weights = await asyncio.to_thread(self.learner.export_weights)
         # force: the sampler (an SGLang server outliving the run) may already be past this version
         await self.sampler.update_weights(weights, self.learner.version, force=True)
-
-
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    pointer = Path(run_dir) / "checkpoints" / "latest"
-    if not pointer.exists():
-        return None
-    target = pointer.parent / pointer.read_text().strip()
-    return target if (target / STATE_FILE).exists() else None

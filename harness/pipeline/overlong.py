@@ -22,7 +22,15 @@ import numpy as np
 import torch
 
 from labrl.harness.config import OverlongSection
-from labrl.harness.types import NO_VERSION, GenerateRequest, GenerateResult, Sampler, Trajectory
+from labrl.harness.types import (
+    NO_VERSION,
+    Closeable,
+    GenerateRequest,
+    GenerateResult,
+    ReportsSamplerStats,
+    Sampler,
+    Trajectory,
+)
 
 
 class BudgetForcingSampler:
@@ -41,8 +49,12 @@ class BudgetForcingSampler:
         return self.inner.version
 
     @property
-    def stats(self) -> dict:
-        return getattr(self.inner, "stats", {})
+    def stats(self) -> Mapping[str, float]:
+        return self.inner.stats if isinstance(self.inner, ReportsSamplerStats) else {}
+
+    async def close(self) -> None:
+        if isinstance(self.inner, Closeable):
+            await self.inner.close()
 
     async def update_weights(
         self, weights: Mapping[str, torch.Tensor], version: int, *, force: bool = False

@@ -32,12 +32,13 @@ from typing import Any
 import torch
 
 from labrl.errors import ConfigError
-from labrl.harness.config import RunConfig, dump_run_config
+from labrl.harness.config import ComponentConfigs, RunConfig, component_configs, dump_run_config
 from labrl.harness.metrics import JsonlWriter, LiveProgress
 from labrl.harness.pipeline.orchestrator import Orchestrator, latest_checkpoint
 from labrl.harness.pipeline.overlong import BudgetForcingSampler
+from labrl.harness.samplers.local import LocalSamplerConfig
 from labrl.harness.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
-from labrl.harness.types import SamplingParams
+from labrl.harness.types import Closeable
 
 
 def make_env_factory(cfg: RunConfig):
@@ -52,24 +53,16 @@ def make_env_factory(cfg: RunConfig):
     return factory
 
 
-def build_learner(cfg: RunConfig):
-    from labrl.harness.learners import LearnerConfig, MegatronLearner, OptimizerConfig
+def run_components(cfg: RunConfig, tokenizer: Tokenizer | None = None) -> ComponentConfigs:
+    """The component configs of this run (``labrl.harness.config.component_configs``)."""
+    tokenizer = tokenizer if tokenizer is not None else build_tokenizer(cfg)
+    return component_configs(cfg, model=cfg.model.resolve(), pad_token_id=tokenizer.pad_token_id)
 
-    lc = cfg.learner
-    return MegatronLearner(
-        LearnerConfig(
-            model=cfg.model.resolve(),
-            objective=cfg.objective,
-            optimizer=OptimizerConfig(
-                lr=lc.lr, weight_decay=lc.weight_decay, warmup_steps=lc.warmup_steps, grad_clip=lc.grad_clip
-            ),
-            micro_batch_size=lc.micro_batch_size,
-            router_replay=lc.router_replay,
-            reference=lc.reference,
-            temperature=cfg.sampler.temperature,
-            seed=cfg.seed,
-        )
-    )
+
+def build_learner(cfg: RunConfig, tokenizer: Tokenizer | None = None):
+    from labrl.harness.learners import MegatronLearner
+
+    return MegatronLearner(run_components(cfg, tokenizer).learner)
 
 
 def build_tokenizer(cfg: RunConfig) -> Tokenizer:
@@ -86,41 +79,25 @@ def initialise_from_hf(learner, path: str, model_cfg) -> None:
     load_into_model(learner.model, load_hf_checkpoint(path, model_cfg))
 
 
-async def build_sampler(cfg: RunConfig, learner, tokenizer):
-    model_cfg = cfg.model.resolve()
-    sc = cfg.sampler
-    if sc.kind == "local":
-        from labrl.harness.samplers.local import LocalSampler, LocalSamplerConfig
+async def build_sampler(cfg: RunConfig, learner, tokenizer: Tokenizer):
+    components = run_components(cfg, tokenizer)
+    model_cfg = components.model
+    if isinstance(components.sampler, LocalSamplerConfig):
+        from labrl.harness.samplers.local import LocalSampler
 
         sampler = LocalSampler(
-            model_cfg,
-            LocalSamplerConfig(
-                precision=sc.precision,
-                max_batch_size=sc.max_batch_size,
-                batch_wait_s=sc.batch_wait_s,
-                seed=cfg.seed,
-                pad_token_id=tokenizer.pad_token_id,
-            ),
-            weights=learner.export_weights(),
-            version=learner.version,
+            model_cfg, components.sampler, weights=learner.export_weights(), version=learner.version
         )
     else:
         from labrl.harness.hf_export import export_hf_checkpoint
-        from labrl.harness.samplers.sglang import SGLangSampler, SGLangSamplerConfig
+        from labrl.harness.samplers.sglang import SGLangSampler
+        from labrl.harness.samplers.sglang_dist import WeightBroadcaster
 
-        if sc.weights_dir is None:
-            raise ConfigError(
-                "sampler.kind=sglang needs sampler.weights_dir (where weight updates are written)"
-            )
+        distributed = components.sampler.weight_transport == "distributed"
         sampler = SGLangSampler(
-            SGLangSamplerConfig(
-                urls=tuple(sc.urls),
-                num_hidden_layers=model_cfg.num_layers,
-                moe_layers=tuple(model_cfg.moe_layer_indices),
-                topk=model_cfg.moe_router_topk,
-                export_dir=sc.weights_dir,
-            ),
+            components.sampler,
             weight_writer=lambda state, path: export_hf_checkpoint(state, model_cfg, path),
+            broadcaster=WeightBroadcaster() if distributed else None,
         )
         # The servers hold whatever they were launched with (or a previous run's weights):
         # set them to the learner's weights and version, which may not be newer.
@@ -150,6 +127,7 @@ async def train(cfg: RunConfig, *, fresh: bool = False, progress: bool | None = 
             f"model vocab_size {model_cfg.vocab_size} differs from the tokenizer's {tokenizer.vocab_size}: "
             "set model.overrides.vocab_size"
         )
+    components = run_components(cfg, tokenizer)  # every component config validated before anything is built
     make_env = make_env_factory(cfg)
     show = cfg.pipeline.progress if progress is None else progress
     live = LiveProgress(cfg.pipeline.total_steps, rich_view=show)
@@ -191,16 +169,13 @@ async def train(cfg: RunConfig, *, fresh: bool = False, progress: bool | None = 
     loop = asyncio.get_running_loop()
     installed = []
     try:
-        sc = cfg.sampler
         orch = Orchestrator(
             cfg.pipeline,
             make_env=make_env,
             sampler=sampler,
             learner=learner,
             tokenizer=tokenizer,
-            sampling=SamplingParams(
-                max_new_tokens=sc.max_new_tokens, temperature=sc.temperature, top_p=sc.top_p
-            ),
+            sampling=components.sampling,
             seed=cfg.seed,
             run_dir=run_dir,
             return_routed_experts=cfg.learner.router_replay,
@@ -220,10 +195,8 @@ async def train(cfg: RunConfig, *, fresh: bool = False, progress: bool | None = 
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
-        # SGLangSampler holds an HTTP client (BudgetForcingSampler wraps it as .inner)
-        close = getattr(getattr(sampler, "inner", sampler), "close", None)
-        if close is not None:
-            await close()
+        if isinstance(sampler, Closeable):  # SGLangSampler's HTTP client; BudgetForcingSampler passes it on
+            await sampler.close()
         live.close()
         metrics.close()
         evals.close()

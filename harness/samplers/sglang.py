@@ -123,7 +123,10 @@ class SGLangSamplerConfig(BaseModel):
         if len(set(self.moe_layers)) != len(self.moe_layers):
             raise ConfigError(f"moe_layers {list(self.moe_layers)} has duplicates")
         if self.weight_transport == "disk" and self.export_dir is None:
-            raise ConfigError("weight_transport 'disk' requires export_dir: set sampler.export_dir")
+            raise ConfigError(
+                "weight_transport 'disk' requires export_dir (sampler.sglang.export_dir in a run config): "
+                "where each weight update's checkpoint is written"
+            )
         return self
 
 

@@ -11,7 +11,7 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "train",
         help="train a policy on an env (sync, one-step-off or pipeline RL)",
-        description="Train from CONFIG (YAML). Overrides: dotted keys, e.g. pipeline.max_staleness=8 learner.lr=3e-4. "
+        description="Train from CONFIG (YAML). Overrides: dotted keys, e.g. pipeline.max_staleness=8 learner.optimizer.lr=3e-4. "
         "A run directory that holds a checkpoint is resumed.",
     )
     p.add_argument("config", help="YAML run config, e.g. configs/quickstart.yaml")

@@ -16,8 +16,8 @@ def run_config(env_id: str, run_dir, **pipeline) -> dict:
     return {
         "env": {"id": env_id},
         "model": {"preset": "tiny-moe", "overrides": TINY},
-        "sampler": {"max_new_tokens": 3, "max_batch_size": 16},
-        "learner": {"lr": 1e-3, "micro_batch_size": 8, "router_replay": True},
+        "sampler": {"max_new_tokens": 3, "local": {"max_batch_size": 16}},
+        "learner": {"optimizer": {"lr": 1e-3}, "micro_batch_size": 8, "router_replay": True},
         "objective": {"loss": "cispo", "corrections": ["m2po"]},
         "pipeline": {
             "mode": "pipeline",

@@ -46,7 +46,7 @@ def test_typo_in_override_names_the_key_and_the_closest_one():
 
 def test_typo_in_yaml_file_is_an_error(tmp_path):
     path = tmp_path / "run.yaml"
-    path.write_text("env:\n  id: test/letter-v0\nlearner:\n  lr: 0.1\n  micro_batch: 4\n")
+    path.write_text("env:\n  id: test/letter-v0\nlearner:\n  optimizer:\n    lr: 0.1\n  micro_batch: 4\n")
     with pytest.raises(
         ConfigError,
         match=re.escape("learner.micro_batch: unknown key; did you mean learner.micro_batch_size?"),
@@ -58,9 +58,10 @@ def test_overrides_are_parsed_as_yaml_scalars_and_lists(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("env:\n  id: test/letter-v0\npipeline:\n  mode: sync\n")
     cfg = load_run_config(
-        path, ["learner.lr=3e-4", "pipeline.mode=pipeline", "objective.corrections=[m2po]", "seed=7"]
+        path,
+        ["learner.optimizer.lr=3e-4", "pipeline.mode=pipeline", "objective.corrections=[m2po]", "seed=7"],
     )
-    assert cfg.learner.lr == 3e-4
+    assert cfg.learner.optimizer.lr == 3e-4
     assert cfg.pipeline.mode == "pipeline"
     assert [c.kind for c in cfg.objective.corrections] == ["m2po"]
     assert cfg.seed == 7
@@ -71,7 +72,7 @@ def test_bad_values_name_the_field():
         ConfigError, match=re.escape("pipeline.group_size: Input should be greater than or equal to 2")
     ):
         build_run_config({"env": {"id": "a/b-v0"}, "pipeline": {"group_size": 1}})
-    with pytest.raises(ConfigError, match=re.escape("sampler.kind=sglang needs sampler.urls")):
+    with pytest.raises(ConfigError, match=re.escape("sampler.kind=sglang needs sampler.sglang.urls")):
         build_run_config({"env": {"id": "a/b-v0"}, "sampler": {"kind": "sglang"}})
     with pytest.raises(ConfigError, match=re.escape("override 'seed' must look like key.sub=value")):
         apply_overrides({}, ["seed"])

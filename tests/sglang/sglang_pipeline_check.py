@@ -66,12 +66,11 @@ def run_config(run_dir: Path, urls: list[str], *, steps: int, model_overrides: d
         "model": {"preset": "tiny-moe", "overrides": dict(model_overrides)},
         "sampler": {
             "kind": "sglang",
-            "urls": urls,
-            "weights_dir": str(run_dir / "exports"),
+            "sglang": {"urls": urls, "export_dir": str(run_dir / "exports")},
             "max_new_tokens": 6,
             "temperature": 1.0,
         },
-        "learner": {"lr": 1e-3, "micro_batch_size": 8, "router_replay": True},
+        "learner": {"optimizer": {"lr": 1e-3}, "micro_batch_size": 8, "router_replay": True},
         "objective": {"loss": "cispo", "corrections": ["m2po"]},
         "pipeline": {
             "mode": "pipeline",

@@ -77,7 +77,7 @@ def test_quickstart_sglang_config_exports_a_servable_model(tmp_path):
     """``fake_server --run-config configs/quickstart-sglang.yaml`` serves that run's architecture."""
     config = Path(__file__).parents[2] / "configs" / "quickstart-sglang.yaml"
     cfg = load_run_config(config)
-    assert cfg.sampler.kind == "sglang" and cfg.sampler.weights_dir == "runs/quickstart-sglang/exports"
+    assert cfg.sampler.kind == "sglang" and cfg.sampler.sglang.export_dir == "runs/quickstart-sglang/exports"
     path = export_run_model(str(config), str(tmp_path / "served"))
     server = local_fake_server(path)
     model_cfg = cfg.model.resolve()

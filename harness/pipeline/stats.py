@@ -1,0 +1,233 @@
+"""The pipeline's statistics: why groups are dropped, token staleness, and the per-step metrics record.
+
+``StepStats`` gathers what happens between two learner steps (episodes
+finished, rewards, env and generation latencies, overlong flags) and turns it
+into the record written to ``metrics.jsonl``:
+
+- ``busy/learner`` = seconds inside ``train_step`` / wall seconds since the run started;
+- ``busy/sampler`` = (sampler ``stats["busy_s"]`` now - at the start) / wall seconds;
+- ``throughput/*`` = tokens (samples) since the previous step / seconds since it;
+- ``staleness/*`` over the trained tokens: learner version at the step minus the
+  version that produced the token (``token_staleness``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter
+from typing import Any
+
+from labrl.harness.config import PipelineSection
+from labrl.harness.metrics import percentile
+from labrl.harness.pipeline.buffer import Group, GroupBuffer
+from labrl.harness.types import NO_VERSION, ReportsSamplerStats, Sampler, Trajectory
+
+
+@dataclasses.dataclass
+class DropStreak:
+    """The groups dropped since the last kept group (or learner step), by kind."""
+
+    all_correct: int = 0  # every trainable reward 1: the policy solves the task
+    all_wrong: int = 0  # every trainable reward 0: the policy fails it
+    constant: int = 0  # one identical partial reward
+    untrainable: int = 0  # no trainable episode (timeouts, env / verifier errors)
+    reward_sum: float = 0.0  # sum of the mean trainable reward of each scored dropped group
+
+    @property
+    def count(self) -> int:
+        return self.all_correct + self.all_wrong + self.constant + self.untrainable
+
+    @property
+    def scored(self) -> int:
+        return self.all_correct + self.all_wrong + self.constant
+
+    def add(self, group: Group) -> None:
+        rewards = [float(t.reward) for t in group.trainable]  # type: ignore[arg-type]
+        if not rewards:
+            self.untrainable += 1
+            return
+        mean = sum(rewards) / len(rewards)
+        self.reward_sum += mean
+        if min(rewards) >= 1.0 - 1e-9:
+            self.all_correct += 1
+        elif max(rewards) <= 1e-9:
+            self.all_wrong += 1
+        else:
+            self.constant += 1
+
+
+_DIAGNOSIS = {
+    "all_correct": (
+        "Most dropped groups were all-correct: the policy solves these train tasks every time, so they "
+        "hold nothing left to learn (the reward is not broken; training may have converged)"
+    ),
+    "all_wrong": (
+        "Most dropped groups were all-wrong: the policy fails these train tasks every time, so "
+        "group-relative advantages carry no signal (check the env's rewards, or warm-start closer to the task)"
+    ),
+    "constant": (
+        "Most dropped groups got one identical partial reward: check that the env's reward varies with the answer"
+    ),
+    "untrainable": (
+        "Most dropped groups had no trainable episode (timeouts, env or verifier errors): "
+        "see episodes/masked_* in metrics.jsonl"
+    ),
+}
+
+
+def stall_message(streak: DropStreak, cfg: PipelineSection) -> str:
+    """What the stall guard says: how many groups of which kind, why, and the knobs."""
+    kinds = {k: getattr(streak, k) for k in _DIAGNOSIS}
+    dominant = max(kinds, key=lambda k: kinds[k])  # ties: the first listed
+    mean = f"{streak.reward_sum / streak.scored:.3f}" if streak.scored else "n/a"
+    limit = cfg.max_oversample_factor * cfg.batch_groups
+    return (
+        f"dynamic sampling dropped {streak.count} groups in a row, more than pipeline.max_oversample_factor x "
+        f"pipeline.batch_groups = {cfg.max_oversample_factor:g} x {cfg.batch_groups} = {limit:g}: "
+        f"{streak.all_correct} all-correct, {streak.all_wrong} all-wrong, {streak.constant} with another "
+        f"constant reward, {streak.untrainable} untrainable; mean reward of the dropped groups {mean}. "
+        f"{_DIAGNOSIS[dominant]}. To go on, raise pipeline.max_oversample_factor, or set "
+        f"pipeline.dynamic_sampling=false with objective.advantages=whiten (trains on every group)."
+    )
+
+
+def token_staleness(trajectories: list[Trajectory], learner_version: int) -> list[int]:
+    """``learner_version - version`` for every loss-mask token."""
+    return [
+        learner_version - v
+        for t in trajectories
+        for v, m in zip(t.versions_T, t.loss_mask_T, strict=True)
+        if m and v != NO_VERSION
+    ]
+
+
+def episodes_over_staleness(trajectories: list[Trajectory], learner_version: int, limit: int) -> int:
+    """Episodes with at least one trained token staler than ``limit``."""
+    return sum(
+        1
+        for t in trajectories
+        if token_staleness([t], learner_version) and max(token_staleness([t], learner_version)) > limit
+    )
+
+
+def _new_window() -> dict[str, Any]:
+    return {
+        "rewards": [],
+        "env_s": [],
+        "generation_s": [],
+        "tokens": 0,
+        "episodes": 0,
+        "overlong": Counter(),
+    }
+
+
+class StepStats:
+    """Counts what happens between learner steps; ``step_record`` turns it into one metrics record."""
+
+    def __init__(self, sampler: Sampler) -> None:
+        self.sampler = sampler
+        self.learner_busy_s = 0.0
+        self._window = _new_window()
+        self.start()
+
+    def start(self) -> None:
+        """Wall-clock origin of the run (``time_s``, the busy fractions)."""
+        self.started = time.perf_counter()
+        self._last_step_at = self.started
+        self._sampler_busy_at_start = self.sampler_busy_s()
+
+    def wall_s(self) -> float:
+        return time.perf_counter() - self.started
+
+    def sampler_busy_s(self) -> float:
+        return (
+            float(self.sampler.stats.get("busy_s", 0.0))
+            if isinstance(self.sampler, ReportsSamplerStats)
+            else 0.0
+        )
+
+    def record_overlong(self, flags: Any) -> None:
+        self._window["overlong"].update(flags)
+
+    def record_episodes(self, trajectories: list[Trajectory]) -> None:
+        w = self._window
+        for t in trajectories:
+            w["episodes"] += 1
+            w["tokens"] += sum(1 for v in t.versions_T if v != NO_VERSION)
+            if t.reward is not None:
+                w["rewards"].append(t.reward)
+            w["env_s"].append(t.timings.get("env_s", 0.0))
+            w["generation_s"].append(t.timings.get("generation_s", 0.0))
+
+    def step_record(
+        self,
+        *,
+        step: int,
+        cfg: PipelineSection,
+        max_staleness: int,
+        learner_version: int,
+        buffer: GroupBuffer,
+        inflight_groups: int,
+        trained_groups: int,
+        trajectories: list[Trajectory],
+        staleness: list[int],
+        over_max: int,
+        queue_s: list[float],
+        learner_metrics: dict[str, float],
+    ) -> dict[str, Any]:
+        """The ``metrics.jsonl`` record of ``step``; starts the next window."""
+        now = time.perf_counter()
+        dt = max(now - self._last_step_at, 1e-9)
+        self._last_step_at = now
+        w, self._window = self._window, _new_window()
+        wall = max(now - self.started, 1e-9)
+        rewards = [float(t.reward) for t in trajectories]  # type: ignore[arg-type]
+        counters = buffer.counters
+        record: dict[str, Any] = {
+            "step": step,
+            "time_s": wall,
+            "mode": cfg.mode,
+            "learner_version": learner_version,
+            "sampler_version": self.sampler.version,
+            "reward/mean": sum(rewards) / len(rewards),
+            "reward/accuracy": sum(r >= 1.0 - 1e-9 for r in rewards) / len(rewards),
+            "reward/episodes_mean": sum(w["rewards"]) / len(w["rewards"]) if w["rewards"] else None,
+            "samples/trained": len(trajectories),
+            "samples/trained_total": trained_groups * cfg.group_size,
+            "staleness/mean": sum(staleness) / len(staleness) if staleness else 0.0,
+            "staleness/max": max(staleness) if staleness else 0,
+            "staleness/hist": dict(sorted(Counter(staleness).items())),
+            "staleness/over_max_episodes": over_max,
+            "staleness/limit": max_staleness,
+            "queue_s/mean": sum(queue_s) / len(queue_s),
+            "episodes/finished": w["episodes"],
+            "episodes/total": counters["episodes"],
+            "episodes/masked_total": counters["episodes_masked"],
+            "episodes/masked_frac": counters["episodes_masked"] / max(1, counters["episodes"]),
+            "groups/zero_variance_total": counters["groups_zero_variance"],
+            "groups/untrainable_total": counters["groups_untrainable"],
+            "groups/kept_total": counters["groups_kept"],
+            "groups/inflight": inflight_groups,
+            "groups/buffered": len(buffer),
+            "groups/keep_rate": buffer.keep_rate,
+            "overlong/episodes": w["overlong"]["overlong"],
+            "overlong/forced": w["overlong"]["forced"],
+            "overlong/filtered": w["overlong"]["filtered"],
+            "overlong/penalised": w["overlong"]["penalised"],
+            "env_latency/p50": percentile(w["env_s"], 50),
+            "env_latency/p90": percentile(w["env_s"], 90),
+            "env_latency/p99": percentile(w["env_s"], 99),
+            "generation_s/p50": percentile(w["generation_s"], 50),
+            "throughput/tokens_per_s": w["tokens"] / dt,
+            "throughput/samples_per_s": len(trajectories) / dt,
+            "busy/learner": self.learner_busy_s / wall,
+            "busy/sampler": (self.sampler_busy_s() - self._sampler_busy_at_start) / wall,
+            "step_s": dt,
+        }
+        for k, v in learner_metrics.items():
+            record.setdefault(k, v)
+        for k, v in counters.items():
+            if k.startswith("episodes_masked_"):
+                record[f"episodes/{k.removeprefix('episodes_')}_total"] = v
+        return record

@@ -1,0 +1,336 @@
+"""The run config is composed of the components' own config classes.
+
+- every field of every component config is reachable from a dotted override
+  and arrives, unchanged, in the config the component is built from;
+- every file in configs/ loads with ``labrl train``'s loader and validates
+  into component configs (nothing heavy built);
+- keys that moved still work, with a DeprecationWarning naming the new key;
+- configs/quickstart.yaml resolves to the component configs it resolved to
+  before the composition (values captured from main at 895bacc).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import typing
+import warnings
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+from pydantic import BaseModel
+
+from labrl.errors import ConfigError
+from labrl.harness.config import (
+    DEPRECATED_KEYS,
+    LEARNER_DERIVED,
+    LOCAL_SAMPLER_DERIVED,
+    SGLANG_SAMPLER_DERIVED,
+    RunConfig,
+    apply_overrides,
+    build_run_config,
+    component_configs,
+    load_run_config,
+)
+from labrl.harness.learners.config import LearnerConfig
+from labrl.harness.models.config import ParallelConfig, check_parallel, get_preset
+from labrl.harness.samplers.local import LocalSamplerConfig
+from labrl.harness.samplers.sglang import SGLangSamplerConfig
+from labrl.harness.tokenizer import ByteTokenizer
+
+ROOT = Path(__file__).parents[2]
+CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
+CAPTURED = json.loads((Path(__file__).parent / "quickstart_resolved_895bacc.json").read_text())
+PAD = ByteTokenizer().pad_token_id
+
+BASE = {"env": {"id": "test/letter-v0"}}
+SGLANG_BASE = [
+    "sampler.kind=sglang",
+    "sampler.sglang.urls=[http://127.0.0.1:1]",
+    "sampler.sglang.export_dir=/tmp/x",
+]
+
+# Non-default values that the generic rule below cannot invent, with the overrides they need.
+EXAMPLES: dict[str, tuple[Any, list[str]]] = {
+    "learner.reference": ("initial", ["objective.kl_coef=0.05"]),
+    "learner.optimizer.schedule": ("cosine", ["learner.optimizer.total_steps=50"]),
+    "sampler.sglang.weight_transport": ("distributed", []),
+    "sampler.sglang.group_sep": ("|", []),
+}
+
+
+def _example(annotation: Any, default: Any) -> Any:
+    """A valid value different from ``default`` for a field of this type."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Literal:
+        return next(a for a in args if a != default)
+    if origin in (typing.Union, __import__("types").UnionType):
+        concrete = [a for a in args if a is not type(None)]
+        return _example(concrete[0], None if default is None else default)
+    if annotation is bool:
+        return not default
+    if annotation is int:
+        return 7 if default is None else default + 1
+    if annotation is float:
+        return 0.5 if not default else default / 2
+    if annotation is str:
+        return "example" if default is None else f"{default}x"
+    if origin is tuple and args and args[0] is str:
+        return ["http://127.0.0.1:2"]
+    raise AssertionError(f"no example value for a field of type {annotation!r}: add one to EXAMPLES")
+
+
+def _leaves(cls: type[BaseModel], prefix: str, derived: frozenset[str]) -> list[tuple[str, Any, Any]]:
+    """(dotted key, annotation, default) of every non-derived leaf field, nested configs walked."""
+    out = []
+    for name, info in cls.model_fields.items():
+        if name in derived:
+            continue
+        ann = info.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out += _leaves(ann, f"{prefix}.{name}", frozenset())
+        else:
+            out.append((f"{prefix}.{name}", ann, info.get_default(call_default_factory=True)))
+    return out
+
+
+COMPONENT_LEAVES = (
+    [(k, a, d, "learner", []) for k, a, d in _leaves(LearnerConfig, "learner", LEARNER_DERIVED)]
+    + [
+        (k, a, d, "sampler", [])
+        for k, a, d in _leaves(LocalSamplerConfig, "sampler.local", LOCAL_SAMPLER_DERIVED)
+    ]
+    + [
+        (k, a, d, "sampler", SGLANG_BASE)
+        for k, a, d in _leaves(SGLangSamplerConfig, "sampler.sglang", SGLANG_SAMPLER_DERIVED)
+    ]
+)
+
+
+def _components(overrides: list[str]):
+    cfg = build_run_config(apply_overrides(BASE, overrides))
+    return cfg, component_configs(cfg, model=cfg.model.resolve(), pad_token_id=PAD)
+
+
+def _at(model: BaseModel, dotted: str) -> Any:
+    value: Any = model.model_dump(mode="json")
+    for part in dotted.split("."):
+        value = value[part]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("key", "annotation", "default", "component", "base"),
+    COMPONENT_LEAVES,
+    ids=[c[0] for c in COMPONENT_LEAVES],
+)
+def test_every_component_field_is_reachable_and_reaches_the_component(
+    key, annotation, default, component, base
+):
+    value, needs = EXAMPLES.get(key) or (_example(annotation, default), [])
+    assert value != default
+    _, components = _components([*base, *needs, f"{key}={json.dumps(value)}"])
+    built = getattr(components, component)
+    inner = key.split(".", 2)[-1] if component == "sampler" else key.split(".", 1)[1]
+    assert _at(built, inner) == json.loads(json.dumps(value))
+
+
+def test_component_fields_are_all_covered():
+    """Each component field is either a section field or derived from another section (never both, never lost)."""
+    for section, component, derived in (
+        ("learner", LearnerConfig, LEARNER_DERIVED),
+        ("local", LocalSamplerConfig, LOCAL_SAMPLER_DERIVED),
+        ("sglang", SGLangSamplerConfig, SGLANG_SAMPLER_DERIVED),
+    ):
+        owner = RunConfig if section == "learner" else RunConfig.model_fields["sampler"].annotation
+        fields = set(owner.model_fields[section].annotation.model_fields)
+        assert fields | derived == set(component.model_fields)
+        assert not fields & derived
+
+
+def test_derived_fields_come_from_their_sections():
+    cfg, c = _components(
+        [
+            "seed=5",
+            "sampler.temperature=0.7",
+            "parallel.tensor_parallel=2",
+            "objective.kl_coef=0.05",
+            "learner.reference=initial",
+            "model.overrides.num_layers=3",
+        ]
+    )
+    assert c.learner.seed == 5 and c.sampler.seed == 5 and c.sampler.pad_token_id == PAD
+    assert c.learner.temperature == 0.7 and c.sampling.temperature == 0.7
+    assert c.learner.parallel == ParallelConfig(tensor_parallel=2)
+    assert c.learner.objective == cfg.objective and c.learner.objective.kl_coef == 0.05
+    assert c.learner.model == c.model and c.model.num_layers == 3
+    _, s = _components([*SGLANG_BASE, "model.overrides.num_layers=3", "model.overrides.moe_layer_freq=2"])
+    assert (s.sampler.num_hidden_layers, s.sampler.moe_layers, s.sampler.topk) == (3, (0, 2), 2)
+
+
+def test_component_errors_name_the_run_config_key():
+    with pytest.raises(
+        ConfigError, match=re.escape("sampler.sglang: weight_transport 'disk' requires export_dir")
+    ):
+        _components(["sampler.kind=sglang", "sampler.sglang.urls=[http://x]"])
+    with pytest.raises(ConfigError, match=re.escape("learner.optimizer.lr")):
+        _components(["learner.optimizer.lr=-1"])
+    with pytest.raises(ConfigError, match=re.escape("sampler.local.scheduling")):
+        _components(["sampler.local.scheduling=never"])
+
+
+def test_the_learner_is_built_from_the_composed_config():
+    from labrl.harness.pipeline.runner import build_learner
+
+    tiny = ["model.overrides.num_layers=1", "model.overrides.hidden_size=32", "model.overrides.num_attention_heads=2",
+            "model.overrides.max_sequence_length=32", "learner.optimizer.lr=2e-4", "learner.micro_batch_size=3"]  # fmt: skip
+    cfg, components = _components(tiny)
+    learner = build_learner(cfg)
+    assert learner.config == components.learner
+    assert learner.optimizer.param_groups[0]["initial_lr"] == 2e-4
+
+
+# -- every shipped config --------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[str(p.relative_to(ROOT)) for p in CONFIGS])
+def test_shipped_config_loads_and_validates(path):
+    from labrl.envs import registered_ids
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)  # shipped configs use the current keys
+        cfg = load_run_config(path)
+    assert cfg.env.id in registered_ids()
+    model_section = cfg.model
+    if model_section.init_from_hf is not None and not Path(model_section.init_from_hf).is_dir():
+        model_section = model_section.model_copy(
+            update={"init_from_hf": None}
+        )  # the checkpoint lives on a GPU node
+    model = model_section.resolve()
+    components = component_configs(cfg, model=model, pad_token_id=PAD)
+    tp, pp, ep = cfg.parallel.tensor_parallel, cfg.parallel.pipeline_parallel, cfg.parallel.expert_parallel
+    check_parallel(cfg.parallel, cuda=True, world_size=tp * pp * ep)
+    if cfg.sampler.kind == "sglang":
+        assert components.sampler.num_hidden_layers == model.num_layers
+        assert list(components.sampler.moe_layers) == model.moe_layer_indices
+        assert components.sampler.topk == model.moe_router_topk
+
+
+def test_there_are_gpu_recipes():
+    assert len([p for p in CONFIGS if p.parent.name == "gpu"]) >= 2
+
+
+def test_parallel_sizes_need_cuda_and_a_fitting_world():
+    check_parallel(ParallelConfig(), cuda=False, world_size=1)
+    with pytest.raises(ConfigError, match=re.escape("needs CUDA: on CPU set tensor_parallel")):
+        check_parallel(ParallelConfig(expert_parallel=2), cuda=False, world_size=2)
+    with pytest.raises(
+        ConfigError, match=re.escape("world size 2 is not a multiple of tensor_parallel * expert")
+    ):
+        check_parallel(ParallelConfig(tensor_parallel=2, expert_parallel=2), cuda=True, world_size=2)
+    with pytest.raises(ConfigError, match=re.escape("torchrun --nproc-per-node a multiple of 2")):
+        check_parallel(ParallelConfig(tensor_parallel=2), cuda=True, world_size=3)
+    check_parallel(ParallelConfig(tensor_parallel=2, expert_parallel=2), cuda=True, world_size=8)
+
+
+# -- deprecated keys -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("old", "new"), DEPRECATED_KEYS.items(), ids=list(DEPRECATED_KEYS))
+def test_deprecated_key_warns_and_maps(old, new):
+    value = {
+        "sampler.urls": ["http://127.0.0.1:9"],
+        "sampler.weights_dir": "/tmp/w",
+        "sampler.precision": "bf16",
+    }.get(old, 3)
+    kind = ["sampler.kind=sglang"] if new.startswith("sampler.sglang") else []
+    if new == "sampler.sglang.export_dir":
+        kind.append("sampler.sglang.urls=[http://127.0.0.1:9]")
+    with pytest.warns(
+        DeprecationWarning, match=re.escape(f"run config key {old} is deprecated") + ".*" + re.escape(new)
+    ):
+        cfg = build_run_config(apply_overrides(BASE, [*kind, f"{old}={json.dumps(value)}"]))
+    assert _at(cfg, new) == value
+
+
+def test_old_and_new_key_together_is_an_error():
+    with (
+        pytest.warns(DeprecationWarning),
+        pytest.raises(ConfigError, match=re.escape("keep only learner.optimizer.lr")),
+    ):
+        build_run_config(apply_overrides(BASE, ["learner.lr=1e-3", "learner.optimizer.lr=2e-3"]))
+
+
+def test_an_old_style_quickstart_resolves_like_the_new_one(tmp_path):
+    text = (ROOT / "configs" / "quickstart.yaml").read_text()
+    old = text.replace("  local:\n    max_batch_size: 64\n", "  max_batch_size: 64\n").replace(
+        "  optimizer:\n    lr: 1.0e-3", "  lr: 1.0e-3"
+    )
+    assert old != text
+    (tmp_path / "old.yaml").write_text(old)
+    with pytest.warns(DeprecationWarning):
+        before = load_run_config(tmp_path / "old.yaml")
+    assert before == load_run_config(ROOT / "configs" / "quickstart.yaml")
+
+
+# -- the quickstart did not change -----------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(CAPTURED))
+def test_quickstart_resolves_to_the_captured_component_configs(name):
+    """Values captured from main at 895bacc (the runner's hand copy); fields added since keep their defaults."""
+    want = CAPTURED[name]
+    cfg = load_run_config(ROOT / "configs" / f"{name}.yaml")
+    c = component_configs(cfg, model=cfg.model.resolve(), pad_token_id=PAD)
+    for got, expected, cls in (
+        (c.learner, want["learner"], LearnerConfig),
+        (c.sampler, want["sampler"], type(c.sampler)),
+    ):
+        dumped = got.model_dump(mode="json")
+        for key, value in expected.items():
+            assert dumped[key] == value, key
+        defaults = cls.model_validate({**{k: getattr(got, k) for k in expected}}).model_dump(
+            mode="json"
+        )  # every field not captured is at its default
+        assert dumped == defaults
+    assert c.sampling.model_dump(mode="json") == want["sampling"]
+    assert c.model.model_dump(mode="json") == want["model"]
+    assert cfg.pipeline.model_dump(mode="json") == want["pipeline"]
+    assert cfg.sft.model_dump(mode="json") == want["sft"]
+    assert cfg.env.model_dump(mode="json") == want["env"]
+    assert (cfg.seed, cfg.run_dir, cfg.learner.router_replay) == (
+        want["seed"],
+        want["run_dir"],
+        want["return_routed_experts"],
+    )
+    assert get_preset("tiny-moe") != c.model  # the overrides were applied
+
+
+def test_the_reference_lists_every_key_and_every_deprecation():
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    missing = [key for key, _, _ in _leaves(RunConfig, "", frozenset()) if f"`{key.lstrip('.')}`" not in doc]
+    assert not missing, f"docs/configuration.md lacks {missing}"
+    assert all(f"| `{old}` | `{new}` |" in doc for old, new in DEPRECATED_KEYS.items())
+
+
+def test_the_cli_shows_the_deprecation_to_its_user(tmp_path):
+    """Python hides DeprecationWarning outside __main__: the CLI's warning set-up shows labrl's own."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "old.yaml"
+    path.write_text("env: {id: test/letter-v0}\nsampler: {max_batch_size: 4}\n")
+    code = (
+        "from labrl._warnings import quiet_expected_warnings; quiet_expected_warnings()\n"
+        "from labrl.harness.config import load_run_config\n"
+        f"print(load_run_config({str(path)!r}).sampler.local.max_batch_size)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "4"
+    assert (
+        "sampler.max_batch_size is deprecated" in out.stderr
+        and "use sampler.local.max_batch_size" in out.stderr
+    )
