@@ -5,6 +5,7 @@ would reach for, so ``except ValueError`` still catches a bad config::
 
     LabrlError
     ├── ConfigError (ValueError)              bad config or argument: says what to fix
+    │   └── PatternFileError                  a measured-pattern file that cannot be read (file, line)
     ├── RegistryError (LookupError)           unknown or duplicate env id
     ├── EnvError (RuntimeError)               the environment itself failed -> outcome env_error
     │   └── TransientEnvError                 infrastructure hiccup: retried within the budget
@@ -35,6 +36,18 @@ class LabrlError(Exception):
 
 class ConfigError(LabrlError, ValueError):
     """A config value or argument is wrong; the message names the field and the fix."""
+
+
+class PatternFileError(ConfigError):
+    """A measured-pattern file is malformed; names the file and, where known, the line (1-based)."""
+
+    def __init__(self, path: str, line: int | None, reason: str):
+        super().__init__(path, line, reason)  # args rebuild the error when unpickled
+        self.path, self.line, self.reason = path, line, reason
+
+    def __str__(self) -> str:
+        where = f"{self.path}:{self.line}" if self.line is not None else self.path
+        return f"{where}: {self.reason}"
 
 
 class RegistryError(LabrlError, LookupError):
@@ -116,6 +129,7 @@ __all__ = [
     "LabTransportError",
     "LabrlError",
     "LearnerError",
+    "PatternFileError",
     "RegistryError",
     "SamplerError",
     "TransientEnvError",

@@ -126,7 +126,10 @@ class PhaseIdEnv(Env):
         task = self.episode_task()
         return parse_answer(text, load_library(), candidates=task.prompt.get("candidates"))
 
-    async def _fit(self, phase_ids: Sequence[str]) -> FitResult:
+    async def _fit(
+        self, phase_ids: Sequence[str], claimed_fractions: dict[str, float] | None = None
+    ) -> FitResult:
+        """Fit ``phase_ids`` to the observed counts; ``claimed_fractions`` are scored by the v1 fit only."""
         assert self._observed is not None
         task = self.episode_task()
         if self.config.fit_latency_s:
@@ -143,6 +146,7 @@ class PhaseIdEnv(Env):
             tuple(phase_ids),
             instrument,
             self.config.fit,
+            claimed_fractions,
         )
         return await self.score(fit_phase_ids, *args, offload=self.config.offload)
 
@@ -163,7 +167,9 @@ class PhaseIdEnv(Env):
             }
             reward = label.reward
         if mode in ("label_free", "blend"):
-            fit = await self._fit([c.phase.id for c in claimed])
+            fractions = {c.phase.id: c.weight_fraction for c in claimed}
+            given = bool(claimed) and all(w is not None for w in fractions.values())
+            fit = await self._fit([c.phase.id for c in claimed], fractions if given else None)  # type: ignore[arg-type]
             info["fit"] = fit.summary()
             free = fit.reward
             reward = (

@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -55,6 +56,21 @@ from labrl.verifiers.xrd.profile import Instrument, chebyshev_basis, phase_stick
 _COARSE_ZERO_STEP = 0.03  # degrees; below the narrowest peak width, so the linearised steps converge
 
 
+class FitV1Options(BaseModel):
+    """Settings of the v1 fit and reward (``fit_v1``); ignored by ``version="v0"``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    size_grid_nm: tuple[float, ...] = (12.0, 20.0, 35.0, 60.0, 100.0, 170.0, 300.0, 600.0, 2000.0)
+    microstrain_grid: tuple[float, ...] = (0.0, 0.0005, 0.001, 0.002, 0.004)
+    # zero shift and displacement (cos θ) are nearly collinear over a 10-80° scan: off by default
+    max_displacement_mm: float = Field(default=0.0, ge=0.0, le=1.0)
+    min_significance: float = Field(default=150.0, ge=0.0)
+    fraction_tolerance: float = Field(default=0.03, ge=0.0, le=1.0)
+    fraction_scale: float = Field(default=0.2, gt=0.0, le=1.0)
+    fraction_weight: float = Field(default=0.5, ge=0.0, le=1.0)
+
+
 class FitConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -64,6 +80,10 @@ class FitConfig(BaseModel):
     crystallite_grid_nm: tuple[float, ...] = (25.0, 50.0, 100.0, 400.0)
     min_gain: float = Field(default=0.02, ge=0.0, le=1.0)
     penalty: float = Field(default=0.25, ge=0.0, le=1.0)
+    # "v0": the fit above, unchanged (``xrd/phase-id-v0`` and ``xrd/tools-v0`` score with it);
+    # "v1": ``fit_v1`` (per-phase size and microstrain, displacement, significance test, fractions)
+    version: Literal["v0", "v1"] = "v0"
+    v1: FitV1Options = Field(default_factory=FitV1Options)
 
 
 @dataclass(frozen=True)
@@ -81,8 +101,18 @@ class FitResult:
     quality: float
     reward: float
     profile: np.ndarray = field(repr=False)  # (n,) fitted model
+    # v1 only (None / empty under v0)
+    version: str = "v0"
+    crystallite_nm_by_phase: dict[str, float] = field(default_factory=dict)
+    microstrain: dict[str, float] = field(default_factory=dict)
+    displacement_mm: float | None = None
+    significance: dict[str, float] = field(default_factory=dict)
+    fraction_mae: float | None = None
+    background: np.ndarray | None = field(default=None, repr=False)  # (n,) fitted background
 
     def summary(self) -> dict[str, object]:
+        if self.version != "v0":
+            return self._summary_v1()
         return {
             "rwp": round(self.rwp, 5),
             "rwp_background": round(self.rwp_background, 5),
@@ -92,6 +122,25 @@ class FitResult:
             "lattice_scales": {k: round(v, 5) for k, v in self.lattice_scales.items()},
             "crystallite_nm": self.crystallite_nm,
             "superfluous": list(self.superfluous),
+            "quality": round(self.quality, 4),
+            "reward": round(self.reward, 4),
+        }
+
+    def _summary_v1(self) -> dict[str, object]:
+        return {
+            "version": self.version,
+            "rwp": round(self.rwp, 5),
+            "rwp_background": round(self.rwp_background, 5),
+            "rexp": round(self.rexp, 5),
+            "weight_fractions": {k: round(v, 4) for k, v in self.weight_fractions.items()},
+            "zero_shift": round(self.zero_shift, 4),
+            "displacement_mm": None if self.displacement_mm is None else round(self.displacement_mm, 4),
+            "lattice_scales": {k: round(v, 5) for k, v in self.lattice_scales.items()},
+            "crystallite_nm": {k: round(v, 1) for k, v in self.crystallite_nm_by_phase.items()},
+            "microstrain": {k: round(v, 5) for k, v in self.microstrain.items()},
+            "significance": {k: round(v, 1) for k, v in self.significance.items()},
+            "superfluous": list(self.superfluous),
+            "fraction_mae": None if self.fraction_mae is None else round(self.fraction_mae, 4),
             "quality": round(self.quality, 4),
             "reward": round(self.reward, 4),
         }
@@ -277,9 +326,21 @@ def fit_phases(
     phases: list[Phase] | tuple[Phase, ...],
     instrument: Instrument,
     config: FitConfig | None = None,
+    *,
+    claimed_fractions: dict[str, float] | None = None,
 ) -> FitResult:
-    """Fit ``phases`` to the measurement; see the module docstring. ``instrument`` is the nominal calibration."""
+    """Fit ``phases`` to the measurement; see the module docstring. ``instrument`` is the nominal calibration.
+
+    ``config.version == "v1"`` runs ``fit_v1.fit_phases_v1`` instead, which also scores
+    ``claimed_fractions`` (phase id -> weight fraction); v0 ignores them.
+    """
     config = config or FitConfig()
+    if config.version == "v1":
+        from labrl.verifiers.xrd.fit_v1 import fit_phases_v1  # fit_v1 builds on this module
+
+        return fit_phases_v1(
+            two_theta, counts, phases, instrument, config, claimed_fractions=claimed_fractions
+        )
     grid = np.asarray(two_theta, dtype=float)
     problem = _Problem(
         np.asarray(counts, dtype=float), chebyshev_basis(instrument, config.background_degree, grid)
@@ -376,7 +437,15 @@ def fit_phase_ids(
     phase_ids: list[str] | tuple[str, ...],
     instrument: Instrument,
     config: FitConfig | None = None,
+    claimed_fractions: dict[str, float] | None = None,
 ) -> FitResult:
     """``fit_phases`` by phase id (picklable arguments, for the process pool)."""
     library = load_library()
-    return fit_phases(two_theta, counts, [library.get(pid) for pid in phase_ids], instrument, config)
+    return fit_phases(
+        two_theta,
+        counts,
+        [library.get(pid) for pid in phase_ids],
+        instrument,
+        config,
+        claimed_fractions=claimed_fractions,
+    )

@@ -4,6 +4,8 @@ Per reflection at Bragg angle θ (all widths FWHM in degrees 2θ):
 
 - instrument (Gaussian), Caglioti:  H_G² = U tan²θ + V tanθ + W
 - crystallite size (Lorentzian), Scherrer:  H_L = (180/π) · K λ / (L cos θ)
+- microstrain ε (Lorentzian, Williamson–Hall), optional:  H_ε = (180/π) · 4 ε tan θ,
+  added to the size width (Lorentzian widths add): H_L = H_size + H_ε
 - pseudo-Voigt with the Thompson–Cox–Hastings combination::
 
       H⁵ = H_G⁵ + 2.69269 H_G⁴H_L + 2.42843 H_G³H_L² + 4.47163 H_G²H_L³ + 0.07842 H_G H_L⁴ + H_L⁵
@@ -86,14 +88,29 @@ class Instrument(BaseModel):
         n = round((self.two_theta_max - self.two_theta_min) / self.step) + 1
         return self.two_theta_min + self.step * np.arange(n)
 
-    def fwhm_eta(self, two_theta: np.ndarray, crystallite_nm: float | None) -> tuple[np.ndarray, np.ndarray]:
-        """(H, η) of the pseudo-Voigt at ``two_theta`` (see module docstring)."""
+    def fwhm_eta(
+        self,
+        two_theta: np.ndarray,
+        crystallite_nm: float | np.ndarray | None,
+        microstrain: float | np.ndarray = 0.0,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(H, η) of the pseudo-Voigt at ``two_theta`` (see module docstring).
+
+        ``crystallite_nm`` and ``microstrain`` are scalars or one value per position.
+        """
         theta = np.radians(two_theta / 2.0)
         tan = np.tan(theta)
         hg = np.sqrt(np.maximum(self.caglioti_u * tan**2 + self.caglioti_v * tan + self.caglioti_w, 1e-8))
-        if crystallite_nm is None:
+        strained = np.any(np.asarray(microstrain) != 0.0)
+        if crystallite_nm is None and not strained:
             return hg, np.zeros_like(hg)
-        hl = np.degrees(self.scherrer_k * self.wavelength_ka1 / (10.0 * crystallite_nm * np.cos(theta)))
+        hl = (
+            np.degrees(self.scherrer_k * self.wavelength_ka1 / (10.0 * crystallite_nm * np.cos(theta)))
+            if crystallite_nm is not None
+            else np.zeros_like(hg)
+        )
+        if strained:
+            hl = hl + np.degrees(4.0 * np.asarray(microstrain) * tan)
         # TCH in Horner form: H⁵ = H_G⁵ · (1 + 2.69269 r + 2.42843 r² + 4.47163 r³ + 0.07842 r⁴ + r⁵), r = H_L/H_G
         r = hl / hg
         poly = ((((r + 0.07842) * r + 4.47163) * r + 2.42843) * r + 2.69269) * r + 1.0
@@ -198,14 +215,16 @@ def render_phases(
     sticks: list[tuple[np.ndarray, np.ndarray]],
     lattice_scales: list[float],
     *,
-    crystallite_nm: float | None = None,
+    crystallite_nm: float | list[float] | None = None,
     grid: np.ndarray | None = None,
+    microstrain: list[float] | None = None,
 ) -> list[np.ndarray]:
     """``render`` of several phases' Kα1 sticks after ``rescale_positions``: one profile (n,) each.
 
     The per-reflection physics (rescaling, doublet, shifts, widths) runs once on
     all phases' sticks together; the peak sums stay per phase, so each profile
     equals ``render(instrument, rescale_positions(pos, scale, λ1), intensity, ...)``.
+    ``crystallite_nm`` may give one size per phase and ``microstrain`` one ε per phase.
     """
     grid = instrument.grid() if grid is None else grid
     counts = [len(pos) for pos, _ in sticks]
@@ -228,8 +247,15 @@ def render_phases(
     order = np.argsort(label, kind="stable")  # per phase: its Kα1 peaks, then its Kα2 peaks, as ``render``
     centres = instrument.shift(np.concatenate(positions)[order])  # (P2,)
     areas = np.concatenate(weights)[order]  # (P2,)
-    fwhm, eta = instrument.fwhm_eta(centres, crystallite_nm)  # (P2,), (P2,)
-    bounds = np.searchsorted(label[order], np.arange(len(sticks) + 1)).tolist()
+    sorted_label = label[order]
+    size: float | np.ndarray | None = crystallite_nm  # type: ignore[assignment]
+    if isinstance(crystallite_nm, list | tuple):
+        size = np.asarray(crystallite_nm, dtype=float)[sorted_label]  # one size per phase -> per peak
+    strain: float | np.ndarray = 0.0
+    if microstrain is not None:
+        strain = np.asarray(microstrain, dtype=float)[sorted_label]
+    fwhm, eta = instrument.fwhm_eta(centres, size, strain)  # (P2,), (P2,)
+    bounds = np.searchsorted(sorted_label, np.arange(len(sticks) + 1)).tolist()
     return [
         _pseudo_voigt_sum(grid, centres[a:b], areas[a:b], fwhm[a:b], eta[a:b], instrument.window_fwhm)
         for a, b in itertools.pairwise(bounds)
