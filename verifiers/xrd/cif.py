@@ -44,20 +44,23 @@ def phase_from_cif(path: str | Path) -> Phase:
     for n, site in enumerate(structure):
         for sp, occ in site.species.items():
             occupancy[n, index[sp.symbol]] += occ
-    sga = SpacegroupAnalyzer(structure, symprec=_SYMPREC)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # spglib's OLD_ERROR_HANDLING notice
+        sga = SpacegroupAnalyzer(structure, symprec=_SYMPREC)
+        number = int(sga.get_space_group_number())
+        symbol, system = sga.get_space_group_symbol(), sga.get_crystal_system()
     lattice = np.array(structure.lattice.matrix, dtype=float)
     frac = np.array(structure.frac_coords, dtype=float)
     cell_mass = float(sum(table.mass[el] * occupancy[:, i].sum() for el, i in index.items()))
     for arr in (lattice, frac, occupancy):
         arr.setflags(write=False)
     formula = structure.composition.reduced_formula
-    number = int(sga.get_space_group_number())
     return Phase(
         id=f"{path.stem}:{formula}_{number}",
         formula=formula,
-        spacegroup_symbol=sga.get_space_group_symbol(),
+        spacegroup_symbol=symbol,
         spacegroup_number=number,
-        crystal_system=sga.get_crystal_system(),
+        crystal_system=system,
         elements=tuple(elements),
         lattice=lattice,
         frac_coords=frac,
