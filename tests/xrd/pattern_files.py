@@ -113,7 +113,7 @@ def write_xrdml(
         <positions axis="Omega" unit="deg"><startPosition>{x[0] / 2:.5f}</startPosition><endPosition>{x[-1] / 2:.5f}</endPosition></positions>
         {att}
         <commonCountingTime unit="seconds">{counting_time:.2f}</commonCountingTime>
-        <{data_tag} unit="counts">{" ".join(f"{int(round(v))}" for v in y)}</{data_tag}>
+        <{data_tag} unit="counts">{" ".join(f"{v:.0f}" for v in y)}</{data_tag}>
       </dataPoints>
     </scan>
   </xrdMeasurement>

@@ -1,0 +1,332 @@
+"""Phase identification of simulated mixtures: ``identify`` vs peak-position matching, same run.
+
+    OMP_NUM_THREADS=1 python benchmarks/xrd_identify.py [--mixtures 200] [--part i/n] [--merge]
+        [--full-library]
+
+Mixtures: the tier-3 samples of ``xrd/phase-id-v0`` (test split, seeds 1000..): 2-3 phases
+sharing elements (today's library: AFLOW prototypes, ASE elements and substitutions; the
+experimental entries of the ``xrd-library`` work are not on main yet), weight fractions
+from a Dirichlet (each ≥ 10 %), per-phase crystallite size 40-300 nm and lattice strain
+±0.2 %, March-Dollase preferred orientation (r 0.8-1.2) on 30 % of phases, zero shift
+±0.06°, sample displacement ±0.1 mm, Caglioti W 0.0015-0.003, Cu Kα1/Kα2 doublet
+(ratio 0.5), a 3-term Chebyshev background of 100-400 counts, peak counts 5k-20k and
+Poisson noise. The lab knows the elements (as from its synthesis or XRF); the
+candidates are every library phase made of them (``--full-library``: all 591).
+
+Per mixture:
+
+1. ``identify`` (screening, beam search, v1 fit; ``labrl.verifiers.xrd.identify``):
+   top-1 phase set (matched one to one on reduced composition + space group, or on stick
+   patterns no experiment tells apart, ``_equivalent``), |weight-fraction
+   error| of each true phase when the set is right, wall time.
+2. Baseline, peak-position matching (search-match as in the Hanawalt method): picked peaks
+   (``peaks.pick_peaks``, up to 40); a phase's figure of merit is the intensity-weighted
+   share of its strong lines (≥ 5 % of its strongest, inside the scan) that have an
+   observed peak within ±0.1°; phases are added greedily (best FOM × share of the
+   still-unexplained observed intensity) while FOM ≥ 0.6 and ≥ 5 % of the observed
+   intensity is unexplained, up to 3. Weight fractions: per phase, observed/simulated
+   intensity of its matched lines, then the ZMV rule.
+3. The label-free reward: ranking of the true set against the hard wrong sets of
+   ``envs.xrd.ranking`` for the v0 and the v1 fit, and the v1 reward of the true set
+   with its true fractions vs with 20 wt% moved from the major to the minor phase.
+
+Writes benchmarks/results/xrd_identify[.partIofN].json; ``--merge`` combines the parts,
+prints the table and writes benchmarks/results/xrd_identify.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import numpy as np
+
+RESULTS = Path(__file__).with_name("results")
+FIRST_SEED = 1000
+MATCH_TOL = 0.1  # degrees 2θ
+STRONG_LINE = 0.05
+MIN_FOM = 0.6
+
+
+def _mixture(seed: int):
+    from labrl.envs.xrd.tasks import PhaseIdConfig, build_task_prompt
+    from labrl.verifiers.xrd.mixture import Sample, measure
+    from labrl.verifiers.xrd.readers import MeasuredPattern
+
+    prompt, answer = build_task_prompt(PhaseIdConfig(tier=3), "test", seed)
+    sample = Sample.model_validate(prompt["sample"])
+    m = measure(sample, prompt["noise_seed"])
+    inst = sample.instrument
+    pattern = MeasuredPattern(
+        two_theta=m.two_theta,
+        intensity=m.counts,
+        sigma=np.sqrt(np.maximum(m.counts, 1.0)),
+        wavelength=inst.wavelength_ka1,
+        wavelength_ka2=inst.wavelength_ka2,
+        ka2_ratio=inst.ka2_ratio,
+        source={"format": "simulated", "seed": seed},
+    )
+    truth = {p["id"]: p["weight_fraction"] for p in answer["phases"]}
+    return pattern, truth, prompt["elements"]
+
+
+def _equivalent(a: str, b: str) -> bool:
+    """Same phase: same (reduced composition, space group), or stick patterns no diffraction
+    experiment tells apart (the library's few duplicates in another setting, e.g. pyrite in Pa-3
+    and in P1; cosine above ``ranking.IDENTICAL_COSINE``, as the ranking study)."""
+    from labrl.envs.xrd.ranking import IDENTICAL_COSINE, _fingerprint
+    from labrl.verifiers.xrd.library import load_library
+
+    lib = load_library()
+    if lib.get(a).key == lib.get(b).key:
+        return True
+    return float(_fingerprint(a) @ _fingerprint(b)) > IDENTICAL_COSINE
+
+
+def _match(predicted, truth) -> dict[str, str] | None:
+    """predicted id -> true id when the sets are the same phases one to one, else None."""
+    predicted, truth = list(predicted), list(truth)
+    if len(predicted) != len(truth):
+        return None
+    pairs: dict[str, str] = {}
+    free = set(truth)
+    for p in predicted:
+        hit = next((t for t in sorted(free) if _equivalent(p, t)), None)
+        if hit is None:
+            return None
+        pairs[p] = hit
+        free.discard(hit)
+    return pairs
+
+
+def peak_match(pattern, candidates, instrument) -> tuple[tuple[str, ...], dict[str, float]]:
+    """The baseline (module docstring): greedy search-match on peak positions."""
+    from labrl.verifiers.xrd.fit_v1 import sticks_of, zmv_weight_fractions
+    from labrl.verifiers.xrd.peaks import pick_peaks
+
+    peaks = pick_peaks(pattern.two_theta, pattern.intensity, max_peaks=40, k_sigma=4.0, min_rel=0.005)
+    if not peaks:
+        return (), {}
+    obs_pos = np.array([p[0] for p in peaks])
+    obs_int = np.array([p[1] for p in peaks])
+    lines = {}
+    for phase in candidates:
+        pos, inten = sticks_of(phase, instrument)
+        keep = (pos >= instrument.two_theta_min) & (pos <= instrument.two_theta_max)
+        pos, inten = pos[keep], inten[keep]
+        if len(pos) == 0:
+            continue
+        strong = inten >= STRONG_LINE * inten.max()
+        pos, inten = pos[strong], inten[strong]
+        dist = np.abs(pos[:, None] - obs_pos[None, :])  # (lines, peaks)
+        nearest = dist.argmin(axis=1)
+        hit = dist[np.arange(len(pos)), nearest] <= MATCH_TOL
+        fom = float(inten[hit].sum() / inten.sum())
+        lines[phase.id] = (phase, pos, inten, nearest, hit, fom)
+    explained = np.zeros(len(obs_pos), dtype=bool)
+    chosen: list[str] = []
+    while len(chosen) < 3:
+        remaining = float(obs_int[~explained].sum() / obs_int.sum())
+        if remaining < 0.05:
+            break
+        best, best_score = None, 0.0
+        for pid, (_, _, _, nearest, hit, fom) in lines.items():
+            if pid in chosen or fom < MIN_FOM:
+                continue
+            covered = np.zeros(len(obs_pos), dtype=bool)
+            covered[nearest[hit]] = True
+            gain = float(obs_int[covered & ~explained].sum() / obs_int.sum())
+            if gain * fom > best_score:
+                best, best_score = pid, gain * fom
+        if best is None or best_score < 0.02:
+            break
+        chosen.append(best)
+        _, _, _, nearest, hit, _ = lines[best]
+        explained[nearest[hit]] = True
+    if not chosen:
+        return (), {}
+    scales = []
+    for pid in chosen:
+        _, _, inten, nearest, hit, _ = lines[pid]
+        scales.append(float(obs_int[np.unique(nearest[hit])].sum() / max(inten[hit].sum(), 1e-12)))
+    phases = [lines[pid][0] for pid in chosen]
+    return tuple(chosen), zmv_weight_fractions(phases, np.array(scales), np.ones(len(chosen)))
+
+
+def run_one(seed: int, full_library: bool) -> dict:
+    from labrl.envs.xrd.ranking import ranking_case
+    from labrl.verifiers.xrd.fit import FitConfig, fit_phases
+    from labrl.verifiers.xrd.identify import candidate_phases, identify, instrument_for
+    from labrl.verifiers.xrd.library import load_library
+
+    lib = load_library()
+    pattern, truth, elements = _mixture(seed)
+    out: dict = {"seed": seed, "truth": truth}
+
+    t0 = time.perf_counter()
+    result = identify(pattern, elements=None if full_library else elements, top=3)
+    out["identify_s"] = time.perf_counter() - t0
+    best = result.best
+    out["identify"] = {p.id: p.weight_fraction for p in best.phases}
+    pairs = _match(best.ids, truth)
+    out["identify_correct"] = pairs is not None
+    if pairs is not None:
+        out["identify_wf_errors"] = [abs(p.weight_fraction - truth[pairs[p.id]]) for p in best.phases]
+
+    instrument = instrument_for(pattern)
+    candidates = candidate_phases((), "default", None if full_library else elements)
+    t0 = time.perf_counter()
+    ids, fractions = peak_match(pattern, candidates, instrument)
+    out["baseline_s"] = time.perf_counter() - t0
+    out["baseline"] = fractions
+    pairs = _match(ids, truth) if ids else None
+    out["baseline_correct"] = pairs is not None
+    if pairs is not None:
+        out["baseline_wf_errors"] = [abs(fractions[i] - truth[pairs[i]]) for i in ids]
+
+    for version in ("v0", "v1"):
+        case = ranking_case(seed, "test", FitConfig(version=version))
+        out[f"ranking_{version}"] = {
+            "passed": case.passed,
+            "true_reward": case.true_reward,
+            "wrong": case.wrong,
+        }
+
+    # the v1 reward of the true set: true fractions vs 20 wt% moved from the major to the minor phase
+    from labrl.envs.xrd.measure import observe
+    from labrl.envs.xrd.tasks import PhaseIdConfig, build_task_prompt
+    from labrl.verifiers.xrd.profile import Instrument
+
+    prompt, _ = build_task_prompt(PhaseIdConfig(tier=3), "test", seed)
+    obs = observe(prompt["sample"], prompt["noise_seed"], 10, 0)
+    nominal = Instrument.model_validate(prompt["sample"]["instrument"]).model_copy(
+        update={"zero_shift": 0.0, "displacement_mm": 0.0}
+    )
+    phases = [lib.get(pid) for pid in truth]
+    v1 = FitConfig(version="v1")
+    major, minor = max(truth, key=truth.get), min(truth, key=truth.get)
+    wrong = dict(truth)
+    wrong[major], wrong[minor] = truth[major] - 0.2, truth[minor] + 0.2
+    right_fit = fit_phases(obs["two_theta"], obs["counts"], phases, nominal, v1, claimed_fractions=truth)
+    wrong_fit = fit_phases(obs["two_theta"], obs["counts"], phases, nominal, v1, claimed_fractions=wrong)
+    out["fraction_reward"] = {"true": right_fit.reward, "off_20wt": wrong_fit.reward}
+    return out
+
+
+def summarize(rows: list[dict]) -> dict:
+    def mean(xs):
+        return float(np.mean(xs)) if xs else float("nan")
+
+    n = len(rows)
+    summary = {"mixtures": n}
+    for name in ("identify", "baseline"):
+        errors = [e for r in rows for e in r.get(f"{name}_wf_errors", [])]
+        times = [r[f"{name}_s"] for r in rows]
+        summary[name] = {
+            "top1_accuracy": sum(r[f"{name}_correct"] for r in rows) / n,
+            "mean_abs_wf_error": mean(errors),
+            "median_s_per_pattern": float(np.median(times)),
+            "mean_s_per_pattern": mean(times),
+        }
+    for version in ("v0", "v1"):
+        key = f"ranking_{version}"
+        true = [r[key]["true_reward"] for r in rows]
+        summary[key] = {
+            "true_set_first": sum(r[key]["passed"] for r in rows) / n,
+            "true_reward_min": float(np.min(true)),
+            "true_reward_median": float(np.median(true)),
+            "true_reward_share_ge_0.9": float(np.mean(np.array(true) >= 0.9)),
+        }
+    fr = np.array([[r["fraction_reward"]["true"], r["fraction_reward"]["off_20wt"]] for r in rows])
+    summary["fraction_reward_v1"] = {
+        "true_mean": float(fr[:, 0].mean()),
+        "off_20wt_mean": float(fr[:, 1].mean()),
+        "share_off_lower_by_0.1": float(np.mean(fr[:, 1] < fr[:, 0] - 0.1)),
+    }
+    return summary
+
+
+def table(summary: dict) -> str:
+    i, b = summary["identify"], summary["baseline"]
+    r0, r1, fr = summary["ranking_v0"], summary["ranking_v1"], summary["fraction_reward_v1"]
+    lines = [
+        f"{summary['mixtures']} mixtures (tier-3 samples, test split seeds {FIRST_SEED}..)",
+        "| method | top-1 phase set | mean abs wt-fraction error | s / pattern (median) |",
+        "|---|---|---|---|",
+        f"| identify (screen + v1 fit) | {i['top1_accuracy']:.1%} | {i['mean_abs_wf_error']:.4f} | "
+        f"{i['median_s_per_pattern']:.2f} |",
+        f"| peak-position matching | {b['top1_accuracy']:.1%} | {b['mean_abs_wf_error']:.4f} | "
+        f"{b['median_s_per_pattern']:.3f} |",
+        "",
+        "| label-free reward | true set ranked first | true reward min | median | share >= 0.9 |",
+        "|---|---|---|---|---|",
+        f"| v0 fit | {r0['true_set_first']:.1%} | {r0['true_reward_min']:.3f} | {r0['true_reward_median']:.3f} | "
+        f"{r0['true_reward_share_ge_0.9']:.1%} |",
+        f"| v1 fit | {r1['true_set_first']:.1%} | {r1['true_reward_min']:.3f} | {r1['true_reward_median']:.3f} | "
+        f"{r1['true_reward_share_ge_0.9']:.1%} |",
+        "",
+        f"v1 reward with true fractions {fr['true_mean']:.3f}, with 20 wt% moved major->minor "
+        f"{fr['off_20wt_mean']:.3f} (lower by > 0.1 in {fr['share_off_lower_by_0.1']:.1%})",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mixtures", type=int, default=200)
+    parser.add_argument("--part", default="1/1", help="i/n: run the i-th of n slices of the mixtures")
+    parser.add_argument("--merge", action="store_true", help="combine the part files, print and write")
+    parser.add_argument(
+        "--full-library", action="store_true", help="candidates: all phases, not the elements'"
+    )
+    args = parser.parse_args()
+    RESULTS.mkdir(exist_ok=True)
+    stem = "xrd_identify_full" if args.full_library else "xrd_identify"
+    if args.merge:
+        parts = sorted(RESULTS.glob(f"{stem}.part*of*.json"))
+        if not parts:
+            raise SystemExit(f"no {stem}.part*of*.json in {RESULTS}")
+        rows = [row for p in parts for row in json.loads(p.read_text())["rows"]]
+        rows.sort(key=lambda r: r["seed"])
+        summary = summarize(rows)
+        out = {
+            "summary": summary,
+            "rows": rows,
+            "parts": [p.name for p in parts],
+            "machine": platform.platform(),
+        }
+        (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=1))
+        print(table(summary))
+        return 0
+    i, n = (int(v) for v in args.part.split("/"))
+    seeds = [FIRST_SEED + k for k in range(args.mixtures) if k % n == i - 1]
+    rows = []
+    t0 = time.perf_counter()
+    for seed in seeds:
+        rows.append(run_one(seed, args.full_library))
+        r = rows[-1]
+        print(
+            f"seed {seed}: identify {'ok ' if r['identify_correct'] else 'BAD'} {r['identify_s']:.2f}s  "
+            f"baseline {'ok ' if r['baseline_correct'] else 'BAD'}  "
+            f"rank v0 {r['ranking_v0']['passed']} v1 {r['ranking_v1']['passed']}",
+            flush=True,
+        )
+    path = RESULTS / (f"{stem}.part{i}of{n}.json" if n > 1 else f"{stem}.json")
+    summary = summarize(rows)
+    path.write_text(
+        json.dumps({"summary": summary, "rows": rows, "wall_s": time.perf_counter() - t0}, indent=1)
+    )
+    print(table(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
