@@ -122,3 +122,29 @@ def test_v1_ranks_true_set_first_on_98_percent():
     passed = sum(c.passed for c in cases)
     assert passed / len(cases) >= 0.98, [c for c in cases if not c.passed]
     assert min(c.true_reward for c in cases) >= 0.9
+
+
+async def test_env_label_free_reward_with_the_v1_fit_scores_claimed_fractions():
+    import json
+
+    from labrl.envs.registry import make
+    from labrl.envs.types import Action, Outcome
+
+    def env():
+        return make("xrd/phase-id-v0", tier=3, reward_mode="label_free", fit={"version": "v1"}, offload=False)
+
+    gold_env = env()
+    task = gold_env.make_task("train", 1)
+    await gold_env.reset(task)
+    gold = await gold_env.step(gold_env.gold_actions(task)[0])
+    assert gold.outcome is Outcome.OK and gold.reward >= 0.9
+    assert gold.info["fit"]["version"] == "v1" and gold.info["fit"]["fraction_mae"] < 0.03
+    phases = [dict(p) for p in task.answer["phases"]]
+    phases.sort(key=lambda p: p["weight_fraction"])
+    phases[0]["weight_fraction"] += 0.2  # 20 wt% moved from the major to the minor phase
+    phases[-1]["weight_fraction"] -= 0.2
+    claim = {"phases": [{k: p[k] for k in ("formula", "space_group", "weight_fraction")} for p in phases]}
+    off_env = env()
+    await off_env.reset(task)
+    off = await off_env.step(Action(text=json.dumps(claim)))
+    assert off.outcome is Outcome.OK and off.reward < gold.reward - 0.2
