@@ -66,6 +66,8 @@ class FitV1Options(BaseModel):
     # zero shift and displacement (cos θ) are nearly collinear over a 10-80° scan: off by default
     max_displacement_mm: float = Field(default=0.0, ge=0.0, le=1.0)
     min_significance: float = Field(default=150.0, ge=0.0)
+    # count a phase's Δχ² only where its contribution exceeds the other phases' (its own lines)
+    unique_lines: bool = True
     fraction_tolerance: float = Field(default=0.03, ge=0.0, le=1.0)
     fraction_scale: float = Field(default=0.2, gt=0.0, le=1.0)
     fraction_weight: float = Field(default=0.5, ge=0.0, le=1.0)

@@ -253,10 +253,17 @@ def fit_phases_v1(
         profile = np.column_stack(cols)  # (n, P)
         local = (resid**2 @ profile) / np.maximum(profile.sum(axis=0), 1e-300)  # (P,)
         local = np.maximum(local * len(grid) / dof, chi2_nu)
-        significance = {
-            pid: float((problem.norm * r**2 - chi2) / nu)
-            for pid, r, nu in zip(ids, without, local, strict=True)
-        }
+        if opts.unique_lines:
+            # Δχ² counted only where p's fitted contribution exceeds all the other phases' together
+            contrib = profile * scale_arr  # (n, P)
+            unique = contrib > (contrib.sum(axis=1, keepdims=True) - contrib)
+            gain = []
+            for i in range(n_phase):
+                resid_without = problem.solve(np.delete(design, i, axis=1))[2]
+                gain.append(float((resid_without**2 - resid**2)[unique[:, i]].sum()))
+        else:
+            gain = [problem.norm * r**2 - chi2 for r in without]
+        significance = {pid: float(g / nu) for pid, g, nu in zip(ids, gain, local, strict=True)}
     superfluous = tuple(pid for pid in ids if denom <= 0 or significance[pid] < opts.min_significance)
     fractions = zmv_weight_fractions(phases, scale_arr, state.lattice)
     mae = fraction_mae(claimed_fractions, fractions) if claimed_fractions else None
