@@ -31,7 +31,8 @@ Reward::
     χ² = Σ w (y − ŷ)² = Rwp² Σ w y²,      χ²_ν = χ² / (n − n_params)
     quality   = clip( 1 − (Rwp² − Rexp²) / (Rwp_bg² − Rexp²), 0, 1 )
     χ²_ν(p)   = max( χ²_ν, (n/(n − n_params)) Σ_i P_p,i r_i² / Σ_i P_p,i )   (r: weighted residual)
-    Δ_p       = (χ²_without p − χ²) / χ²_ν(p)          (significance of phase p)
+    U_p       = { i : S_p P_p,i > Σ_{q≠p} S_q P_q,i }       (where p's own lines dominate)
+    Δ_p       = Σ_{i∈U_p} ( r_i,without p² − r_i² ) / χ²_ν(p)   (significance of phase p)
     superfluous: Δ_p < ``min_significance``
     MAE       = mean_p | w_claimed(p) − w_fit(p) |      (claimed fractions normalised to sum 1)
     f         = 1 − fraction_weight · clip( (MAE − fraction_tolerance) / fraction_scale, 0, 1 )
@@ -39,11 +40,13 @@ Reward::
 
 ``quality`` is the share of the pattern's χ² above counting noise (background-only
 χ² minus its expectation n − n_params) that the phases explain. The significance
-Δ_p is the rise of χ² when p is removed, in units of the reduced χ² of the fit
-where p has intensity (the profile-weighted mean of r²), so a weak but real
-phase with peaks of its own is kept however small its share of Rwp, while a
-phase whose peaks sit on the misfit of another phase's peaks (an isostructural
-decoy soaking up a shape error) is not. f = 1 when no fractions are claimed.
+Δ_p is the rise of χ² when p is removed, counted only over the points where
+p's fitted contribution exceeds all other phases' together (its own lines), in
+units of the reduced χ² of the fit where p has intensity (the profile-weighted
+mean of r²). A weak but real phase with lines of its own is kept however small
+its share of Rwp; a phase whose peaks sit on another phase's peaks and only
+soak up that phase's misfit (an isostructural decoy) has no points of its own
+and is flagged. ``unique_lines=False`` counts Δχ² over the whole scan. f = 1 when no fractions are claimed.
 """
 
 from __future__ import annotations
