@@ -15,6 +15,9 @@
 3. **Fit.** The best sets of every size are refined with the v1 fit (``fit_v1``: per-phase
    scale, lattice, crystallite size and microstrain, zero shift, background) and ranked by
    its label-free reward (Rwp improvement, significance of every phase), ties by Rwp.
+   The best fitted set is then also fitted with each of the ``n_extend`` best screened
+   phases added (the broadened search columns can prefer a near-twin of the right phase),
+   and everything is ranked again.
    The RL env's label-free verifier runs the same fit (``FitConfig(version="v1")``).
 
 Wavelength: the file's Kα1 (and Kα2, ratio) where it states them, else ``wavelength``;
@@ -172,6 +175,7 @@ class IdentifyOptions:
         n_screen: int = 12,
         beam: int = 4,
         n_fit: int = 8,
+        n_extend: int = 6,
         screen_crystallite_nm: float = 25.0,
         fit: FitConfig | None = None,
     ):
@@ -181,6 +185,7 @@ class IdentifyOptions:
         self.n_screen = n_screen
         self.beam = beam
         self.n_fit = n_fit
+        self.n_extend = n_extend
         self.screen_crystallite_nm = screen_crystallite_nm
         self.fit = fit or FitConfig(version="v1")
 
@@ -267,7 +272,7 @@ def identify(
     scores, design = _screen(problem, grid, instrument, phases, options.screen_crystallite_nm)
     order = [int(i) for i in np.argsort(-scores, kind="stable")]
     n_cif = len(cifs)
-    pool = sorted({*order[: options.n_screen], *range(n_cif)})
+    pool = [*range(n_cif), *(i for i in order[: options.n_screen] if i >= n_cif)]  # best first
     sets = _beam_search(problem, design, pool, options.max_phases, options.beam)
     # the best few sets of each size go to the full fit
     per_size: dict[int, list[tuple[int, ...]]] = {}
@@ -275,8 +280,16 @@ def identify(
         per_size.setdefault(len(s), []).append(s)
     budget = max(1, options.n_fit // max(len(per_size), 1))
     finalists = [s for size_sets in per_size.values() for s in size_sets[:budget]]
-    results = [_fit_set(grid, counts, [phases[i] for i in s], instrument, options.fit) for s in finalists]
-    results.sort(key=lambda r: (-r.reward, r.rwp))
+    fitted = {s: _fit_set(grid, counts, [phases[i] for i in s], instrument, options.fit) for s in finalists}
+    # the broadened columns of the search can prefer a near-twin of the right phase, so the best
+    # fitted set is also tried with each screened phase added (fitted, not broadened)
+    best = min(fitted, key=lambda s: (-fitted[s].reward, fitted[s].rwp))
+    if len(best) < options.max_phases:
+        for j in pool[: options.n_extend]:
+            grown = tuple(sorted((*best, j)))
+            if j not in best and grown not in fitted:
+                fitted[grown] = _fit_set(grid, counts, [phases[i] for i in grown], instrument, options.fit)
+    results = sorted(fitted.values(), key=lambda r: (-r.reward, r.rwp))
     screened = tuple((phases[i].id, float(scores[i])) for i in order[: max(options.n_screen, n_cif)])
     return IdentifyResult(
         pattern=pattern, instrument=instrument, ranked=tuple(results[:top]), screened=screened
