@@ -1,0 +1,199 @@
+"""Device discipline, checked on CPU: what would break on CUDA shows up here.
+
+A ``TorchFunctionMode`` watches every torch call made *directly* from labrl's
+learner, local sampler, objectives, models and rollout code (the first frame
+outside torch decides; megatron-core's own calls are not ours to police):
+
+- a tensor factory (``zeros``, ``arange``, ``full``, ``tensor``, ``randint``,
+  ...) must name its ``device`` explicitly, equal to the model's device or the
+  deliberate host marker ``labrl.harness.models.device.HOST`` (host-side
+  buffers that are copied to the device once). On a CPU machine a forgotten
+  ``device=`` is harmless, which is why the rule is "explicit", not "equal":
+  on CUDA the same call builds a CPU tensor and the forward fails with
+  "Expected all tensors to be on the same device".
+- host-device copies (``.cpu()``, ``.to()``, ``.item()``, ``int()``,
+  ``.tolist()``, ``.numpy()``, ...) on tensors that are not known host tensors
+  are counted. Host tensors: results of such a copy, factories with
+  ``device=HOST``, the collated ``TrainBatch`` (built on the host by
+  ``labrl.harness.batching``, the intended pattern) and whatever is computed
+  only from host tensors. The sampler may copy at most 3 times per forward
+  (logits down, fed tokens up, routing down) whatever the batch size; the
+  learner a bounded number of times per train step, not once per parameter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import weakref
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+from labrl.harness.batching import collate
+from labrl.harness.learners import LearnerConfig, MegatronLearner
+from labrl.harness.models import get_preset
+from labrl.harness.samplers import LocalSampler, LocalSamplerConfig
+from labrl.harness.types import GenerateRequest, SamplingParams, Trajectory
+
+try:  # the host marker; absent before device discipline existed
+    from labrl.harness.models.device import HOST
+except ImportError:  # pragma: no cover - lets this test report violations on old code
+    HOST = object()
+
+WATCHED = (
+    "labrl.harness.learners",
+    "labrl.harness.samplers.local",
+    "labrl.harness.objectives",
+    "labrl.harness.models",
+    "labrl.harness.rollout",
+)
+FACTORIES = {
+    "zeros", "ones", "full", "empty", "arange", "tensor", "as_tensor", "randint", "rand", "randn",
+    "randperm", "linspace", "eye", "from_numpy", "empty_strided", "scalar_tensor",
+}  # fmt: skip
+COPIES = {"cpu", "cuda", "to", "item", "tolist", "numpy", "__int__", "__float__", "__bool__", "__index__"}
+TINY = get_preset("tiny-moe")
+
+
+def _caller_module() -> tuple[str, str]:
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if not (name == "torch" or name.startswith("torch.") or name == __name__):
+            return name, f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "", ""
+
+
+class DeviceAudit(TorchFunctionMode):
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.device = device
+        self._host: dict[int, weakref.ref] = {}  # id -> tensor (tensors compare elementwise: no set)
+        self.violations: list[str] = []
+        self.copies: dict[str, int] = {}
+
+    def mark_host(self, *tensors) -> None:
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                self._host[id(t)] = weakref.ref(t)
+
+    def is_host(self, t: torch.Tensor) -> bool:
+        ref = self._host.get(id(t))
+        return ref is not None and ref() is t
+
+    def copies_from(self, prefix: str) -> int:
+        return sum(n for module, n in self.copies.items() if module.startswith(prefix))
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        module, where = _caller_module()
+        watched = module.startswith(WATCHED)
+        out = func(*args, **kwargs)
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        all_host = bool(tensors) and all(self.is_host(t) for t in tensors)
+        if watched and name in FACTORIES:
+            device = kwargs.get("device")
+            if name == "from_numpy" or device is None:
+                self.violations.append(f"{where} torch.{name} without device=")
+            elif device is HOST:
+                self.mark_host(out)
+            elif torch.device(device) != self.device:
+                self.violations.append(f"{where} torch.{name}(device={device}) != model {self.device}")
+        elif watched and name in COPIES:
+            downloads_host = all_host and name != "to" and name != "cuda"
+            if not downloads_host:
+                self.copies[module] = self.copies.get(module, 0) + 1
+            if name in ("cpu", "numpy") or (name == "to" and _to_host(args, kwargs)):
+                self.mark_host(out)
+        elif all_host:
+            for t in out if isinstance(out, tuple | list) else (out,):
+                self.mark_host(t)
+        return out
+
+
+def _to_host(args, kwargs) -> bool:
+    target = kwargs.get("device", args[1] if len(args) > 1 else None)
+    return isinstance(target, str | torch.device) and torch.device(target).type == "cpu"
+
+
+def _requests(n: int) -> list[GenerateRequest]:
+    gen = torch.Generator().manual_seed(0)
+    return [
+        GenerateRequest(
+            rid=f"r{i}",
+            input_ids=tuple(torch.randint(0, 256, (10 + 3 * i,), generator=gen).tolist()),
+            sampling=SamplingParams(max_new_tokens=8, seed=i),
+            return_routed_experts=True,
+        )
+        for i in range(n)
+    ]
+
+
+def _trajectories(reqs, results) -> list[Trajectory]:
+    out = []
+    for i, (r, o) in enumerate(zip(reqs, results, strict=True)):
+        n = len(r.input_ids)
+        out.append(
+            Trajectory(
+                env_id="test/fixture-v0",
+                task_id=r.rid,
+                group_id=f"g{i // 2}",
+                tokens_T=[*r.input_ids, *o.output_ids],
+                loss_mask_T=[0] * n + [1] * len(o.output_ids),
+                logprobs_T=[0.0] * n + o.logprobs_T,
+                versions_T=[-1] * n + o.versions_T,
+                reward=float(i % 2),
+                outcome="ok",
+                finish_reason=o.finish_reason,
+                num_turns=1,
+                routed_experts_T_L_K=o.routed_experts_T_L_K,
+            )
+        )
+    return out
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+@pytest.fixture(scope="module")
+def learner() -> MegatronLearner:
+    return MegatronLearner(LearnerConfig(micro_batch_size=2))
+
+
+@pytest.mark.parametrize("scheduling", ["continuous", "waves"])
+def test_sampler_and_learner_keep_to_the_model_device(learner, scheduling):
+    sampler = LocalSampler(
+        TINY, LocalSamplerConfig(scheduling=scheduling), weights=learner.export_weights(), version=0
+    )
+    reqs = _requests(4)
+    audit = DeviceAudit(_model_device(sampler.model))
+    steps_before, batches_before = sampler.decode_steps, sampler.stats["batches"]
+    with audit:
+        results = asyncio.run(sampler.generate(reqs))
+    forwards = sampler.decode_steps - steps_before + sampler.stats["batches"] - batches_before
+    sampler_copies = audit.copies_from("labrl.harness.samplers")
+    assert all(r.routed_experts_T_L_K is not None for r in results)
+    assert not audit.violations, f"{len(audit.violations)} factory calls off the model device: {audit.violations[:8]}"
+    # per forward: logits down, fed tokens up, routing down; never once per row
+    assert forwards > 4 and sampler_copies <= 3 * forwards, (sampler_copies, forwards, audit.copies)
+
+    batch = collate(_trajectories(reqs, results), pad_token_id=0)
+    plain = batch.__class__(**{**batch.__dict__, "routed_experts_B_T_L_K": None})
+    n_params = len(list(learner.model.parameters()))
+    for b, replayed in ((plain, False), (batch, True)):
+        audit = DeviceAudit(_model_device(learner.model))
+        audit.mark_host(*(v for v in b.__dict__.values() if isinstance(v, torch.Tensor)))
+        with audit:
+            metrics = learner.train_step(b)
+        assert metrics["learner/router_replay"] == float(replayed)
+        assert not audit.violations, (
+            f"{len(audit.violations)} factory calls off the model device: {audit.violations[:8]}"
+        )
+        # the batch is uploaded once (one copy per field) and the grad norm read once, not per parameter
+        learner_copies = audit.copies_from("labrl.harness.learners")
+        assert n_params > 30 and learner_copies <= 16, (learner_copies, audit.copies)
