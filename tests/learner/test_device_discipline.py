@@ -1,8 +1,10 @@
 """Device discipline, checked on CPU: what would break on CUDA shows up here.
 
 A ``TorchFunctionMode`` watches every torch call made *directly* from labrl's
-learner, local sampler, objectives, models and rollout code (the first frame
-outside torch decides; megatron-core's own calls are not ours to police):
+learner, local sampler, objectives, models and rollout code (the calling
+frame decides: megatron-core's and torch's own calls, e.g. AdamW's, are not
+ours to police). Torch function modes are per thread, so the sampler's forward
+threads enter the mode too:
 
 - a tensor factory (``zeros``, ``arange``, ``full``, ``tensor``, ``randint``,
   ...) must name its ``device`` explicitly, equal to the model's device or the
@@ -29,6 +31,7 @@ import weakref
 
 import pytest
 import torch
+import torch.utils._pytree
 from torch.overrides import TorchFunctionMode
 
 from labrl.harness.batching import collate
@@ -57,11 +60,22 @@ COPIES = {"cpu", "cuda", "to", "item", "tolist", "numpy", "__int__", "__float__"
 TINY = get_preset("tiny-moe")
 
 
+# torch's thin Python wrappers around tensor methods and functions: their caller made the call
+WRAPPERS = (
+    "torch._tensor",
+    "torch.functional",
+    "torch.overrides",
+    "torch.utils._device",
+    "torch._jit_internal",
+)
+
+
 def _caller_module() -> tuple[str, str]:
+    """The module that made this torch call: torch's own calls (an optimizer's, a loss's) are not ours."""
     frame = sys._getframe(2)
     while frame is not None:
         name = frame.f_globals.get("__name__", "")
-        if not (name == "torch" or name.startswith("torch.") or name == __name__):
+        if not (name.startswith(WRAPPERS) or name == __name__):
             return name, f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}"
         frame = frame.f_back
     return "", ""
@@ -74,6 +88,7 @@ class DeviceAudit(TorchFunctionMode):
         self._host: dict[int, weakref.ref] = {}  # id -> tensor (tensors compare elementwise: no set)
         self.violations: list[str] = []
         self.copies: dict[str, int] = {}
+        self.copy_sites: dict[str, int] = {}  # "file:line method" -> count, for the failure message
 
     def mark_host(self, *tensors) -> None:
         for t in tensors:
@@ -93,7 +108,8 @@ class DeviceAudit(TorchFunctionMode):
         module, where = _caller_module()
         watched = module.startswith(WATCHED)
         out = func(*args, **kwargs)
-        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+        tensors = [a for a in leaves if isinstance(a, torch.Tensor)]
         all_host = bool(tensors) and all(self.is_host(t) for t in tensors)
         if watched and name in FACTORIES:
             device = kwargs.get("device")
@@ -107,6 +123,7 @@ class DeviceAudit(TorchFunctionMode):
             downloads_host = all_host and name != "to" and name != "cuda"
             if not downloads_host:
                 self.copies[module] = self.copies.get(module, 0) + 1
+                self.copy_sites[f"{where} {name}"] = self.copy_sites.get(f"{where} {name}", 0) + 1
             if name in ("cpu", "numpy") or (name == "to" and _to_host(args, kwargs)):
                 self.mark_host(out)
         elif all_host:
@@ -118,6 +135,20 @@ class DeviceAudit(TorchFunctionMode):
 def _to_host(args, kwargs) -> bool:
     target = kwargs.get("device", args[1] if len(args) > 1 else None)
     return isinstance(target, str | torch.device) and torch.device(target).type == "cpu"
+
+
+def _audit_worker_threads(monkeypatch, audit: DeviceAudit) -> None:
+    """Torch function modes are per thread: enter ``audit`` in the sampler's forward threads too."""
+    real = asyncio.to_thread
+
+    async def to_thread(fn, /, *args, **kwargs):
+        def run():
+            with audit:
+                return fn(*args, **kwargs)
+
+        return await real(run)
+
+    monkeypatch.setattr(asyncio, "to_thread", to_thread)
 
 
 def _requests(n: int) -> list[GenerateRequest]:
@@ -166,21 +197,32 @@ def learner() -> MegatronLearner:
 
 
 @pytest.mark.parametrize("scheduling", ["continuous", "waves"])
-def test_sampler_and_learner_keep_to_the_model_device(learner, scheduling):
+def test_sampler_and_learner_keep_to_the_model_device(learner, scheduling, monkeypatch):
     sampler = LocalSampler(
         TINY, LocalSamplerConfig(scheduling=scheduling), weights=learner.export_weights(), version=0
     )
     reqs = _requests(4)
     audit = DeviceAudit(_model_device(sampler.model))
     steps_before, batches_before = sampler.decode_steps, sampler.stats["batches"]
+    merges_before = sampler.stats.get("cache_merges", 0)
+    _audit_worker_threads(monkeypatch, audit)
     with audit:
         results = asyncio.run(sampler.generate(reqs))
-    forwards = sampler.decode_steps - steps_before + sampler.stats["batches"] - batches_before
+    admissions = sampler.stats["batches"] - batches_before
+    caches = admissions + sampler.stats.get("cache_merges", 0) - merges_before
+    forwards = sampler.decode_steps - steps_before + admissions
     sampler_copies = audit.copies_from("labrl.harness.samplers")
     assert all(r.routed_experts_T_L_K is not None for r in results)
-    assert not audit.violations, f"{len(audit.violations)} factory calls off the model device: {audit.violations[:8]}"
-    # per forward: logits down, fed tokens up, routing down; never once per row
-    assert forwards > 4 and sampler_copies <= 3 * forwards, (sampler_copies, forwards, audit.copies)
+    assert not audit.violations, (
+        f"{len(audit.violations)} factory calls off the model device: {audit.violations[:8]}"
+    )
+    # per forward: tokens up, logits down, routing down; per new cache: its mask or row starts up;
+    # never once per row
+    assert forwards > 4 and sampler_copies <= 3 * forwards + 2 * caches, (
+        sampler_copies,
+        forwards,
+        audit.copy_sites,
+    )
 
     batch = collate(_trajectories(reqs, results), pad_token_id=0)
     plain = batch.__class__(**{**batch.__dict__, "routed_experts_B_T_L_K": None})
@@ -196,4 +238,5 @@ def test_sampler_and_learner_keep_to_the_model_device(learner, scheduling):
         )
         # the batch is uploaded once (one copy per field) and the grad norm read once, not per parameter
         learner_copies = audit.copies_from("labrl.harness.learners")
-        assert n_params > 30 and learner_copies <= 16, (learner_copies, audit.copies)
+        learner_sites = {k: v for k, v in audit.copy_sites.items() if k.startswith("megatron.py")}
+        assert n_params > 30 and learner_copies <= 16, (learner_copies, learner_sites)
