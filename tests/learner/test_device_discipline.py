@@ -224,6 +224,8 @@ def test_sampler_and_learner_keep_to_the_model_device(learner, scheduling, monke
         audit.copy_sites,
     )
 
+    if scheduling == "waves":
+        return  # the learner's part needs one sampled batch, not one per scheduling
     batch = collate(_trajectories(reqs, results), pad_token_id=0)
     plain = batch.__class__(**{**batch.__dict__, "routed_experts_B_T_L_K": None})
     n_params = len(list(learner.model.parameters()))

@@ -6,6 +6,12 @@ import torch
 
 from labrl.harness import objectives
 from labrl.harness.learners import LearnerConfig, MegatronLearner, OptimizerConfig
+from labrl.harness.models import get_preset
+from labrl.harness.samplers import LocalSampler, LocalSamplerConfig
+
+SMALL = get_preset("tiny-moe").model_copy(
+    update={"num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 128, "moe_ffn_hidden_size": 64}
+)
 
 
 def test_default_precision_on_cpu_is_fp32_without_master_copies(learner):
@@ -16,6 +22,7 @@ def test_default_precision_on_cpu_is_fp32_without_master_copies(learner):
 
 def test_bf16_learner_steps_fp32_master_weights_and_resumes_them(h, tmp_path):
     cfg = LearnerConfig(
+        model=SMALL,
         precision="bf16",
         micro_batch_size=3,
         optimizer=OptimizerConfig(lr=1e-4),
@@ -28,7 +35,10 @@ def test_bf16_learner_steps_fp32_master_weights_and_resumes_them(h, tmp_path):
     assert {id(p) for g in learner.optimizer.param_groups for p in g["params"]} == {
         id(m) for m in learner.master.master_params
     }
-    batch = h.sampled_batch(h.make_sampler(learner, "bf16"), n=6, max_new=8, seed=5)
+    sampler = LocalSampler(
+        SMALL, LocalSamplerConfig(precision="bf16"), weights=learner.export_weights(), version=0
+    )
+    batch = h.sampled_batch(sampler, n=6, max_new=8, seed=5)
     before = [m.detach().clone() for m in learner.master.master_params]
     metrics = learner.train_step(batch)
     assert metrics["learner/grad_norm"] > 0 and torch.isfinite(torch.tensor(metrics["loss/total"]))
