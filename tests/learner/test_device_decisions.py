@@ -123,3 +123,25 @@ def test_te_notice_is_filtered_only_without_cuda():
 
     assert any(f[0] == SAYS_WHY_TE_IS_MISSING for f in expected_warnings(cuda=False))
     assert not any(f[0] == SAYS_WHY_TE_IS_MISSING for f in expected_warnings(cuda=True))
+
+
+def test_a_build_logs_its_spec_choice_once(caplog, monkeypatch):
+    import logging
+
+    from labrl.harness.models import build
+
+    monkeypatch.setattr(build, "_logged", set())
+    small = get_preset_small()
+    with caplog.at_level(logging.INFO, logger="labrl"):
+        build.build_gpt_model(small, seed=0)
+        build.build_gpt_model(small, seed=1)
+    lines = [r.getMessage() for r in caplog.records if "layer spec" in r.getMessage()]
+    assert len(lines) == 1
+    assert "on cpu: local layer spec (CPU: local spec" in lines[0] and "torch.float32" in lines[0]
+
+
+def get_preset_small():
+    from labrl.harness.models import get_preset
+
+    return get_preset("tiny-moe").model_copy(update={"num_layers": 1, "hidden_size": 32, "ffn_hidden_size": 64,
+                                                     "moe_ffn_hidden_size": 32})  # fmt: skip
