@@ -196,8 +196,8 @@ def test_pipeline_in_process_with_the_local_sampler_on_cuda(tmp_path):
             },
         },
         "model": {"preset": "tiny-moe", "overrides": {"max_sequence_length": 256, "num_layers": 2}},
-        "sampler": {"kind": "local", "max_new_tokens": 6, "max_batch_size": 32},
-        "learner": {"lr": 1e-3, "micro_batch_size": 16, "router_replay": True},
+        "sampler": {"kind": "local", "local": {"max_batch_size": 32}, "max_new_tokens": 6},
+        "learner": {"optimizer": {"lr": 1e-3}, "micro_batch_size": 16, "router_replay": True},
         "objective": {"loss": "cispo", "corrections": ["m2po"]},
         "pipeline": {
             "mode": "pipeline",
