@@ -20,10 +20,11 @@ no-grad forward that gives the old log-probs, ~1/3 more compute that this
 count leaves out, so at equal efficiency it shows ~0.75x), and peak memory.
 Plus the local sampler's decode tokens/s.
 
-CPU part (``--cpu``): padding fraction and useful (non-padding) tokens/s of a
-learner step on batches whose lengths follow real runs: episodes of the
+CPU part (``--cpu``; ``--timed`` adds learner step times): padding fraction
+and useful (non-padding) tokens/s of a learner step on batches whose lengths
+follow real runs: episodes of the
 quickstart env, the XRD tools env and the lab env, played with their gold
-(else random) policy, measured in byte-tokenizer tokens of the whole
+(else random) policy and with their random policy, measured in byte-tokenizer tokens of the whole
 conversation. Padded to the batch's longest row vs length-sorted micro-batches
 (``labrl.harness.batching.micro_batches``), in the same run.
 
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import random
 import statistics
@@ -269,8 +271,8 @@ def gpu_part(repeats: int) -> dict:
 # -- CPU part: padding on ragged batches -------------------------------------------
 
 
-async def episode_lengths(env_id: str, options: dict, n: int) -> list[int]:
-    """Tokens of whole conversations (byte tokenizer) played with the env's gold, else random, policy."""
+async def episode_lengths(env_id: str, options: dict, n: int, policy_name: str) -> list[int]:
+    """Tokens of whole conversations (byte tokenizer) played with the env's gold (else random) or random policy."""
     from labrl.envs.registry import make
     from labrl.envs.runner import run_episode, scripted_policy
     from labrl.harness.tokenizer import ByteTokenizer
@@ -281,7 +283,7 @@ async def episode_lengths(env_id: str, options: dict, n: int) -> list[int]:
         env = make(env_id, **options)
         try:
             task = env.make_task("train", i)
-            gold = env.gold_actions(task)
+            gold = env.gold_actions(task) if policy_name == "gold" else None
             rng = random.Random(i)
 
             async def random_policy(messages, tools):
@@ -322,16 +324,23 @@ def padded_tokens(lengths: list[int], mbs: int, sort: bool) -> int:
     return sum((stop - start) * T for start, stop, T in spans)
 
 
-def cpu_part(n_episodes: int, batch: int, repeats: int) -> dict:
+def cpu_part(n_episodes: int, batch: int, repeats: int, timed: bool) -> dict:
+    """Padding fractions on the envs' real lengths; with ``timed``, learner steps padded vs sorted.
+
+    Padding is exact arithmetic on the sampled lengths (tokens computed per
+    micro-batch plan). The timed comparison trains the quickstart model, so
+    its lengths are capped at that model's 256-token context.
+    """
     torch.set_num_threads(2)
-    out: dict = {"batch": batch, "micro_batch": 16, "model": QUICKSTART_MODEL.name, "envs": {}}
-    for label, (env_id, options) in ENVS.items():
+    mbs = 16
+    out: dict = {"batch": batch, "micro_batch": mbs, "model": QUICKSTART_MODEL.name, "envs": {}}
+    for (env_label, (env_id, options)), policy_name in itertools.product(ENVS.items(), ("gold", "random")):
+        label = f"{env_label}, {policy_name}"
         try:
-            lengths = asyncio.run(episode_lengths(env_id, options, n_episodes))
+            lengths = asyncio.run(episode_lengths(env_id, options, n_episodes, policy_name))
         except Exception as exc:
             out["envs"][label] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
-        lengths = [min(n, QUICKSTART_MODEL.max_sequence_length) for n in lengths]
         rng = random.Random(0)
         sample = [rng.choice(lengths) for _ in range(batch)]
         real = sum(sample)
@@ -340,38 +349,50 @@ def cpu_part(n_episodes: int, batch: int, repeats: int) -> dict:
             "length_p50": statistics.median(lengths),
             "length_min": min(lengths),
             "length_max": max(lengths),
-            "truncated_to": QUICKSTART_MODEL.max_sequence_length,
+            "padded_padding_fraction": 1 - real / padded_tokens(sample, mbs, False),
+            "sorted_padding_fraction": 1 - real / padded_tokens(sample, mbs, True),
         }
-        learners, times = {}, {False: [], True: []}
-        b = ragged_batch(sample, QUICKSTART_MODEL.vocab_size, seed=1)
-        for sort in (False, True):
-            mode = "sorted" if sort else "padded"
-            res[f"{mode}_padding_fraction"] = 1 - real / padded_tokens(sample, out["micro_batch"], sort)
-            learners[sort] = MegatronLearner(
-                LearnerConfig(
-                    model=QUICKSTART_MODEL, micro_batch_size=out["micro_batch"], router_replay=False,
-                    length_sorted_micro_batches=sort,
-                )
-            )  # fmt: skip
-            learners[sort].train_step(b)  # warm-up
-        for _ in range(repeats):  # interleaved: a shared machine's load hits both alike
-            for sort in (False, True):
-                started = time.perf_counter()
-                learners[sort].train_step(b)
-                times[sort].append(time.perf_counter() - started)
-        for sort in (False, True):
-            mode = "sorted" if sort else "padded"
-            res[f"{mode}_step_s"] = statistics.median(times[sort])
-            res[f"{mode}_useful_tokens_per_s"] = real / res[f"{mode}_step_s"]
-        res["sorted_speedup"] = res["padded_step_s"] / res["sorted_step_s"]
+        res["sorted_compute_ratio"] = padded_tokens(sample, mbs, True) / padded_tokens(sample, mbs, False)
+        if timed:
+            res |= timed_steps(sample, mbs, repeats)
         out["envs"][label] = res
         print(label, json.dumps(res), flush=True)
     return out
 
 
+def timed_steps(sample: list[int], mbs: int, repeats: int) -> dict:
+    """Learner step time, padded vs length-sorted, interleaved (a shared machine's load hits both alike)."""
+    cap = QUICKSTART_MODEL.max_sequence_length
+    capped = [min(n, cap) for n in sample]
+    real = sum(capped)
+    b = ragged_batch(capped, QUICKSTART_MODEL.vocab_size, seed=1)
+    learners, times = {}, {False: [], True: []}
+    for sort in (False, True):
+        learners[sort] = MegatronLearner(
+            LearnerConfig(
+                model=QUICKSTART_MODEL, micro_batch_size=mbs, router_replay=False,
+                length_sorted_micro_batches=sort,
+            )
+        )  # fmt: skip
+        learners[sort].train_step(b)  # warm-up
+    for _ in range(repeats):
+        for sort in (False, True):
+            started = time.perf_counter()
+            learners[sort].train_step(b)
+            times[sort].append(time.perf_counter() - started)
+    res = {"timed_cap": cap}
+    for sort in (False, True):
+        mode = "sorted" if sort else "padded"
+        res[f"{mode}_step_s"] = statistics.median(times[sort])
+        res[f"{mode}_useful_tokens_per_s"] = real / res[f"{mode}_step_s"]
+    res["sorted_speedup"] = res["padded_step_s"] / res["sorted_step_s"]
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cpu", action="store_true", help="the CPU part: padding on ragged batches")
+    ap.add_argument("--timed", action="store_true", help="CPU part: also time learner steps padded vs sorted")
     ap.add_argument("--episodes", type=int, default=64)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
@@ -379,7 +400,7 @@ def main() -> None:
     args = ap.parse_args()
     quiet_expected_warnings()
     if args.cpu:
-        result = {"cpu": cpu_part(args.episodes, args.batch, args.repeats)}
+        result = {"cpu": cpu_part(args.episodes, args.batch, args.repeats, args.timed)}
         out = args.out or RESULTS / "gpu_learner_cpu_padding.json"
         print_cpu_table(result["cpu"])
     else:
@@ -395,17 +416,21 @@ def main() -> None:
 
 
 def print_cpu_table(res: dict) -> None:
-    print(f"\nbatch {res['batch']} episodes, micro-batch {res['micro_batch']}, model {res['model']} (CPU)")
-    print(f"{'env':32} {'len p50 [min,max]':>20} {'pad padded':>11} {'pad sorted':>11} "
-          f"{'useful tok/s padded':>20} {'sorted':>8} {'speedup':>8}")  # fmt: skip
+    print(f"\nbatch {res['batch']} episodes, micro-batch {res['micro_batch']}")
+    print(
+        f"{'env, policy':40} {'tokens p50 [min,max]':>22} {'padding: padded':>16} {'sorted':>8} {'compute sorted/padded':>22}"
+    )
     for label, r in res["envs"].items():
         if "error" in r:
-            print(f"{label:32} error: {r['error']}")
+            print(f"{label:40} error: {r['error']}")
             continue
         span = f"{r['length_p50']:.0f} [{r['length_min']},{r['length_max']}]"
-        print(f"{label:32} {span:>20} {r['padded_padding_fraction']:>11.1%} {r['sorted_padding_fraction']:>11.1%} "
-              f"{r['padded_useful_tokens_per_s']:>20.0f} {r['sorted_useful_tokens_per_s']:>8.0f} "
-              f"{r['sorted_speedup']:>7.2f}x")  # fmt: skip
+        print(f"{label:40} {span:>22} {r['padded_padding_fraction']:>16.1%} {r['sorted_padding_fraction']:>8.1%} "
+              f"{r['sorted_compute_ratio']:>22.2f}")  # fmt: skip
+        if "sorted_speedup" in r:
+            print(f"{'':40} timed at <= {r['timed_cap']} tokens: useful tok/s padded "
+                  f"{r['padded_useful_tokens_per_s']:.0f}, sorted {r['sorted_useful_tokens_per_s']:.0f} "
+                  f"({r['sorted_speedup']:.2f}x)")  # fmt: skip
 
 
 def print_gpu_table(res: dict) -> None:
