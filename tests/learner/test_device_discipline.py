@@ -57,7 +57,10 @@ FACTORIES = {
     "randperm", "linspace", "eye", "from_numpy", "empty_strided", "scalar_tensor",
 }  # fmt: skip
 COPIES = {"cpu", "cuda", "to", "item", "tolist", "numpy", "__int__", "__float__", "__bool__", "__index__"}
-TINY = get_preset("tiny-moe")
+# 2 MoE layers of 8 experts: > 30 parameter tensors, few enough torch calls to audit every one quickly
+TINY = get_preset("tiny-moe").model_copy(
+    update={"num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 128, "moe_ffn_hidden_size": 64}
+)
 
 
 # torch's thin Python wrappers around tensor methods and functions: their caller made the call
@@ -157,7 +160,7 @@ def _requests(n: int) -> list[GenerateRequest]:
         GenerateRequest(
             rid=f"r{i}",
             input_ids=tuple(torch.randint(0, 256, (10 + 3 * i,), generator=gen).tolist()),
-            sampling=SamplingParams(max_new_tokens=8, seed=i),
+            sampling=SamplingParams(max_new_tokens=6, seed=i),
             return_routed_experts=True,
         )
         for i in range(n)
@@ -193,7 +196,7 @@ def _model_device(model: torch.nn.Module) -> torch.device:
 
 @pytest.fixture(scope="module")
 def learner() -> MegatronLearner:
-    return MegatronLearner(LearnerConfig(micro_batch_size=2))
+    return MegatronLearner(LearnerConfig(model=TINY, micro_batch_size=2))
 
 
 @pytest.mark.parametrize("scheduling", ["continuous", "waves"])

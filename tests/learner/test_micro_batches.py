@@ -10,7 +10,7 @@ from labrl.harness.models import get_preset
 from labrl.harness.types import Trajectory
 
 SMALL = get_preset("tiny-moe").model_copy(
-    update={"num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 128, "moe_ffn_hidden_size": 64}
+    update={"num_layers": 1, "hidden_size": 32, "ffn_hidden_size": 64, "moe_ffn_hidden_size": 32}
 )
 
 
