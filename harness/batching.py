@@ -1,4 +1,4 @@
-"""Trajectories -> one padded ``TrainBatch``.
+"""Trajectories -> one padded ``TrainBatch`` on the host; ``to_device`` copies it to the model once.
 
 Rows are right-padded to the longest trajectory (``pad_to_multiple`` rounds
 T up). Padding: token ``pad_token_id``, attention/loss mask 0, behaviour
@@ -82,3 +82,47 @@ def collate(trajectories: Sequence[Trajectory], pad_token_id: int, pad_to_multip
         group_ids_B=groups,
         routed_experts_B_T_L_K=routed,
     )
+
+
+def to_device(batch: TrainBatch, device: torch.device | str) -> TrainBatch:
+    """``batch`` with every tensor on ``device``: the one host-to-device copy of a train step.
+
+    Pinned host memory would let ``non_blocking`` overlap the copy; the batch
+    is small next to a forward pass, so a plain copy is enough.
+    """
+    fields = {
+        name: (value.to(device) if isinstance(value, torch.Tensor) else value)
+        for name, value in vars(batch).items()
+    }
+    return TrainBatch(**fields)
+
+
+def micro_batches(
+    attention_mask_B_T: torch.Tensor, size: int, *, sort_by_length: bool
+) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """Split a right-padded batch into micro-batches of at most ``size`` rows.
+
+    Returns ``(order, spans)``: ``order`` lists the batch's rows in processing
+    order and each span ``(start, stop, T)`` is one micro-batch, rows
+    ``order[start:stop]`` and columns ``[:T]``.
+
+    - ``sort_by_length=False``: rows in batch order, every micro-batch the
+      full width (the padded baseline);
+    - ``sort_by_length=True``: rows sorted by length (longest first, ties in
+      batch order) and each micro-batch cut to its longest row. Exact: rows
+      are right-padded and attention is causal, so the dropped columns never
+      influence the kept ones. Padded tokens computed drop from
+      ``sum_mb size * T_max`` to ``sum_mb size * T_mb``.
+    """
+    if size < 1:
+        raise ConfigError(f"micro-batch size must be >= 1, got {size}")
+    lengths = attention_mask_B_T.sum(dim=1).tolist()
+    B, T = attention_mask_B_T.shape
+    if not sort_by_length:
+        return list(range(B)), [(s, min(s + size, B), T) for s in range(0, B, size)]
+    order = sorted(range(B), key=lambda b: -lengths[b])
+    spans = []
+    for s in range(0, B, size):
+        stop = min(s + size, B)
+        spans.append((s, stop, max(2, int(max(lengths[b] for b in order[s:stop])))))
+    return order, spans

@@ -68,6 +68,7 @@ async def run_sft(
     rng = random.Random(seed)
     prompts = await sft_prompts(make_env, tokenizer, min(cfg.steps * cfg.batch_size, cfg.num_prompts), seed)
     params = [p for p in model.parameters() if p.requires_grad]
+    device = params[0].device
     opt = torch.optim.AdamW(params, lr=cfg.lr)
     end = [tokenizer.stop_token_ids[0]]
     model.train()
@@ -79,12 +80,15 @@ async def run_sft(
             task, prompt = prompts[rng.randrange(len(prompts))]
             reply = tokenizer.encode(env.random_action(task, rng).text) + end
             rows.append((prompt + reply, len(prompt)))
-        tokens, target = _batch(rows, tokenizer.pad_token_id)
+        tokens, target = _batch(
+            rows, tokenizer.pad_token_id
+        )  # on the host, copied to the model's device once
+        tokens, target = tokens.to(device), target.to(device)
         B, T = tokens.shape
         logits = model(
             input_ids=tokens,
-            position_ids=torch.arange(T).expand(B, T),
-            attention_mask=causal_attention_mask(T),
+            position_ids=torch.arange(T, device=device).expand(B, T),
+            attention_mask=causal_attention_mask(T, device=device),
         )
         logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, T-1, V)
         nll = -logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)  # (B, T-1)

@@ -2,10 +2,17 @@
 
 They say nothing the user can act on, and one of them fires on every forward
 pass; real warnings stay visible. Used by the CLI and the test session.
+
+Megatron's "Transformer Engine and Apex are not installed" is filtered only
+where CUDA is absent (TE needs CUDA, so it changes nothing there). On a CUDA
+machine it stays visible, next to labrl's own line naming the layer spec it
+chose and why (``labrl.harness.models.build``).
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 
 # (message regex, category, module regex); no ':' in them, so pytest's ini filters can carry them too
@@ -18,11 +25,27 @@ EXPECTED_ON_CPU: tuple[tuple[str, type[Warning], str], ...] = (
     (r".*", DeprecationWarning, r"megatron\.core\.transformer\.multi_latent_attention"),
     (r"`torch\.jit\.script_method` is deprecated", DeprecationWarning, r""),
 )
+SAYS_WHY_TE_IS_MISSING = r"Transformer Engine and Apex are not installed"
+
+
+def expected_warnings(cuda: bool | None = None) -> tuple[tuple[str, type[Warning], str], ...]:
+    """The filters to install: all of them without CUDA; with CUDA, all but megatron's TE notice."""
+    if cuda is None:
+        cuda = _cuda_present()
+    return tuple(f for f in EXPECTED_ON_CPU if not (cuda and f[0] == SAYS_WHY_TE_IS_MISSING))
 
 
 def quiet_expected_warnings() -> None:
     # Python hides DeprecationWarning outside __main__; labrl's own (keys and names that moved) are
     # meant for the user of the CLI. Added first so the specific "ignore" filters below take precedence.
     warnings.filterwarnings("default", category=DeprecationWarning, module=r"labrl(\.|$)")
-    for message, category, module in EXPECTED_ON_CPU:
+    for message, category, module in expected_warnings():
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
+
+
+def _cuda_present() -> bool:
+    """torch's answer when torch is loaded; else the driver's device node (keeps the CLI's start fast)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return bool(torch.cuda.is_available())
+    return os.path.exists("/dev/nvidiactl")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -40,8 +41,20 @@ def build_parser(groups: Sequence[str] | None = None) -> argparse.ArgumentParser
     return parser
 
 
+def _show_labrl_log_lines() -> None:
+    """labrl's INFO lines (device, precision, layer spec at start) on stderr; other libraries' stay off."""
+    logger = logging.getLogger("labrl")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     quiet_expected_warnings()
+    _show_labrl_log_lines()
     argv = list(sys.argv[1:] if argv is None else argv)
     # Import only the named group: keeps `labrl envs list` fast.
     named = [argv[0]] if argv and argv[0] in COMMAND_GROUPS else None

@@ -19,9 +19,9 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SUPPORT), os.enviro
 
 def pytest_configure(config: pytest.Config) -> None:
     # pytest rebuilds warning filters for every test from its ini filters: add ours there
-    from labrl._warnings import EXPECTED_ON_CPU
+    from labrl._warnings import expected_warnings
 
-    for message, category, module in EXPECTED_ON_CPU:
+    for message, category, module in expected_warnings():
         config.addinivalue_line("filterwarnings", f"ignore:{message}:{category.__name__}:{module}")
     quiet_expected_warnings()
 

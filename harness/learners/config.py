@@ -6,7 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from labrl.harness.models.config import MoEModelConfig, ParallelConfig, Precision, get_preset
+from labrl.harness.models.config import MoEModelConfig, ParallelConfig, get_preset
+from labrl.harness.models.device import DEVICE_PATTERN, PrecisionChoice
 from labrl.harness.objectives import ObjectiveConfig
 
 ReferenceKind = Literal["none", "initial"]
@@ -66,6 +67,11 @@ class LearnerConfig(BaseModel):
     objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     micro_batch_size: int = Field(default=16, ge=1, description="sequences per forward/backward")
+    length_sorted_micro_batches: bool = Field(
+        default=False,
+        description="sort rows by length and cut each micro-batch to its longest row "
+        "(less padding on ragged batches; labrl.harness.batching.micro_batches)",
+    )
     router_replay: bool = Field(
         default=True, description="replay the sampler's routed experts when the batch has them"
     )
@@ -76,11 +82,15 @@ class LearnerConfig(BaseModel):
         default="none",
         description="reference policy for objective.kl_coef > 0: 'initial' freezes the weights at the first train_step",
     )
-    precision: Precision = Field(
-        default="fp32",
-        description="parameter/compute dtype of the learner (the CPU learner runs fp32; bf16 is for CUDA)",
-    )
     seed: int = 0
+    device: str = Field(
+        default="auto", pattern=DEVICE_PATTERN, description="auto (CUDA when available) | cpu | cuda[:N]"
+    )
+    precision: PrecisionChoice = Field(
+        default="auto",
+        description="parameters and compute: auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16; "
+        "the optimizer keeps fp32 master weights under bf16, log-probs and loss are fp32",
+    )
 
     @model_validator(mode="after")
     def _reference_matches_kl(self) -> LearnerConfig:

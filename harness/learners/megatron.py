@@ -27,10 +27,19 @@ from the frozen copy, both with the sampler's routing replayed when router
 replay is on; the objective adds ``kl_coef * k(logp, ref)`` per token. The
 frozen weights are part of every checkpoint, so a resumed run keeps the
 original reference.
+
+Device and precision (``labrl.harness.models.device``): the model lives on
+``config.device`` (``auto``: CUDA when available) in ``config.precision``
+(``auto``: bf16 on CUDA, fp32 on CPU). A batch is checked on the host and
+copied to the device once per ``train_step``; every tensor the step creates is
+created there. Under bf16 the optimizer steps fp32 master weights
+(``labrl.harness.learners.precision``); logits are cast to fp32 before the
+log-softmax, so log-probs and the loss are fp32 in every precision.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -40,10 +49,15 @@ import torch
 
 from labrl.errors import ConfigError, LearnerError
 from labrl.harness import objectives
+from labrl.harness.batching import micro_batches, to_device
 from labrl.harness.learners.config import LearnerConfig
+from labrl.harness.learners.precision import FP32MasterParams
+from labrl.harness.models import device as dev
 from labrl.harness.models.build import build_gpt_model, causal_attention_mask, count_parameters
 from labrl.harness.models.routing import from_megatron_layout, model_router_replays, replay_routing
 from labrl.harness.types import TrainBatch
+
+log = logging.getLogger(__name__)
 
 
 class MegatronLearner:
@@ -52,12 +66,32 @@ class MegatronLearner:
     def __init__(self, config: LearnerConfig | None = None) -> None:
         self.config = config or LearnerConfig()
         cfg = self.config
-        self.model = build_gpt_model(cfg.model, cfg.parallel, seed=cfg.seed, routing_replay=True)
+        caps = dev.detect_capabilities()
+        self.device = dev.resolve_device(cfg.device, caps)
+        self.dtype = dev.param_dtype(cfg.precision, self.device)
+        self.spec = dev.layer_spec(self.device, caps)
+        self.model = build_gpt_model(
+            cfg.model, cfg.parallel, seed=cfg.seed, routing_replay=True, device=self.device, dtype=self.dtype
+        )
         self.model.train()
-        self._params = [p for p in self.model.parameters() if p.requires_grad]
+        model_params = [p for p in self.model.parameters() if p.requires_grad]
+        # fp32 master weights under bf16 (synced from the model at the first train_step)
+        self.master = (
+            FP32MasterParams(model_params) if dev.optimizer_wrapper(self.dtype) == "fp32_master" else None
+        )
+        self._masters_synced = False
+        self._params = self.master.master_params if self.master is not None else model_params
         opt = cfg.optimizer
         self.optimizer = torch.optim.AdamW(
             self._params, lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay
+        )
+        log.info(
+            "labrl learner on %s: %s parameters and compute, %s optimizer (AdamW, %s), %s layer spec",
+            self.device,
+            dev.precision_name(self.dtype),
+            "fp32 master weights" if self.master is not None else "fp32",
+            "fp32 grads",
+            self.spec.name,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.step = 0
@@ -68,7 +102,12 @@ class MegatronLearner:
         self._reference_frozen = False
         if cfg.reference == "initial":
             self.reference_model = build_gpt_model(
-                cfg.model, cfg.parallel, seed=cfg.seed, routing_replay=True
+                cfg.model,
+                cfg.parallel,
+                seed=cfg.seed,
+                routing_replay=True,
+                device=self.device,
+                dtype=self.dtype,
             )
             self.reference_model.train()  # the policy's mode, so equal weights give bit-equal log-probs
             self.reference_model.requires_grad_(False)
@@ -102,38 +141,53 @@ class MegatronLearner:
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         cfg = self.config
         started = time.perf_counter()
-        self._check_batch(batch)
+        self._check_batch(batch)  # on the host, before the one copy to the device
+        tokens = int(batch.attention_mask_B_T.sum())
+        order, spans = micro_batches(
+            batch.attention_mask_B_T, cfg.micro_batch_size, sort_by_length=cfg.length_sorted_micro_batches
+        )
+        batch = to_device(batch, self.device)
+        order_dev = torch.tensor(order, dtype=torch.long, device=self.device)
+        plan = [(order_dev[start:stop], T) for start, stop, T in spans]
+        if self.master is not None and not self._masters_synced:
+            self.master.copy_from_model()
+            self._masters_synced = True
         replay = batch.routed_experts_B_T_L_K if cfg.router_replay else None
         ref_B_T = None
         if self.reference_model is not None:
             if not self._reference_frozen:
                 self.freeze_reference()
-            old_B_T, ref_B_T = self.logprobs_with_reference(batch.tokens_B_T, replay)
+            old_B_T, ref_B_T = self._no_grad_logprobs(batch.tokens_B_T, replay, plan, with_reference=True)
         else:
-            old_B_T = self.logprobs(batch.tokens_B_T, replay)
+            old_B_T, _ = self._no_grad_logprobs(batch.tokens_B_T, replay, plan, with_reference=False)
         inputs = objectives.ObjectiveInputs.from_train_batch(batch, old_B_T, self._version, ref_B_T)
         prepared = objectives.prepare(cfg.objective, inputs)
         self.optimizer.zero_grad(set_to_none=True)
+        if self.master is not None:
+            self.master.zero_grad()
         micro_metrics = []
-        B = batch.batch_size
-        for start in range(0, B, cfg.micro_batch_size):
-            rows = torch.arange(start, min(start + cfg.micro_batch_size, B))
-            routed = None if replay is None else replay[rows]
-            logp = self._logprobs_with_grad(batch.tokens_B_T[rows], routed)
+        T_full = batch.tokens_B_T.shape[1]
+        for rows, T in plan:
+            routed = None if replay is None else replay[rows, :T]
+            logp = self._logprobs_with_grad(batch.tokens_B_T[rows, :T], routed)
+            logp = torch.nn.functional.pad(logp, (0, T_full - T))  # cut columns are padding: log-prob 0
             loss, metrics = objectives.policy_loss(cfg.objective, logp, prepared.select(rows))
             if not torch.isfinite(loss):
-                raise LearnerError(f"non-finite loss {float(loss)} at step {self.step}, rows {start}..")
+                raise LearnerError(f"non-finite loss {float(loss)} at step {self.step}")
             loss.backward()
+            if self.master is not None:
+                self.master.accumulate_grads()
             micro_metrics.append(metrics)
         grad_norm = self._clip_gradients()
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
+        if self.master is not None:
+            self.master.copy_to_model()
         self.scheduler.step()
         self.step += 1
         self._version += 1
         elapsed = time.perf_counter() - started
         out = objectives.combine_metrics(prepared, micro_metrics)
-        tokens = int(batch.attention_mask_B_T.sum())
         out |= {
             "learner/grad_norm": grad_norm,
             "learner/lr": lr,
@@ -159,6 +213,8 @@ class MegatronLearner:
             "config": self.config.model_dump(mode="json"),
             "rng": torch.get_rng_state(),
         }
+        if self.master is not None and self._masters_synced:
+            state["master"] = self.master.state_dict()
         if self.reference_model is not None and self._reference_frozen:
             state["reference"] = {
                 k: v for k, v in self.reference_model.state_dict().items() if not k.endswith("_extra_state")
@@ -169,7 +225,7 @@ class MegatronLearner:
 
     def load_checkpoint(self, path: str) -> None:
         try:
-            state = torch.load(path, map_location="cpu", weights_only=False)
+            state = torch.load(path, map_location=self.device, weights_only=False)
         except (OSError, RuntimeError) as exc:
             raise LearnerError(f"cannot read checkpoint {path}: {exc}") from exc
         if state.get("config", {}).get("model") != self.config.model.model_dump(mode="json"):
@@ -181,11 +237,17 @@ class MegatronLearner:
                 f"checkpoint {path}: missing {missing[:5]}, unexpected {result.unexpected_keys[:5]}"
             )
         self._load_reference(path, state)
+        if self.master is not None:
+            if "master" in state:
+                self.master.load_state_dict(state["master"])
+            else:  # written in fp32: the fp32 weights are the master weights
+                self.master.copy_from_model()
+            self._masters_synced = True
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
         self._version = int(state["version"])
-        torch.set_rng_state(state["rng"])
+        torch.set_rng_state(state["rng"].cpu())
 
     def _load_reference(self, path: str, state: dict) -> None:
         ref = state.get("reference")
@@ -211,14 +273,12 @@ class MegatronLearner:
     # -- log-probs and routing -----------------------------------------------
 
     def logprobs(self, tokens_B_T: torch.Tensor, routed_B_T_L_K: torch.Tensor | None = None) -> torch.Tensor:
-        """Token-aligned log-probs ``(B, T)`` without grad, in micro-batches."""
-        out = []
-        with torch.no_grad():
-            for start in range(0, tokens_B_T.shape[0], self.config.micro_batch_size):
-                sl = slice(start, start + self.config.micro_batch_size)
-                routed = None if routed_B_T_L_K is None else routed_B_T_L_K[sl]
-                out.append(self._logprobs_with_grad(tokens_B_T[sl], routed))
-        return torch.cat(out, dim=0)
+        """Token-aligned log-probs ``(B, T)`` without grad, in micro-batches, on the device of ``tokens_B_T``."""
+        routed = None if routed_B_T_L_K is None else routed_B_T_L_K.to(self.device)
+        logp, _ = self._no_grad_logprobs(
+            tokens_B_T.to(self.device), routed, self._row_plan(tokens_B_T), with_reference=False
+        )
+        return logp.to(tokens_B_T.device)
 
     def logprobs_with_reference(
         self, tokens_B_T: torch.Tensor, routed_B_T_L_K: torch.Tensor | None = None
@@ -227,19 +287,49 @@ class MegatronLearner:
 
         Both forwards of a micro-batch replay the same routed experts, so the
         reference is evaluated on the routing the tokens were sampled with.
+        Returned on the device of ``tokens_B_T``.
         """
-        if self.reference_model is None or not self._reference_frozen:
+        routed = None if routed_B_T_L_K is None else routed_B_T_L_K.to(self.device)
+        old, ref = self._no_grad_logprobs(
+            tokens_B_T.to(self.device), routed, self._row_plan(tokens_B_T), with_reference=True
+        )
+        assert ref is not None
+        return old.to(tokens_B_T.device), ref.to(tokens_B_T.device)
+
+    def _row_plan(self, tokens_B_T: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
+        """Micro-batches of consecutive rows at full width (no padding information here)."""
+        B, T = tokens_B_T.shape
+        size = self.config.micro_batch_size
+        rows = torch.arange(B, device=self.device)
+        return [(rows[s : s + size], T) for s in range(0, B, size)]
+
+    def _no_grad_logprobs(
+        self,
+        tokens_B_T: torch.Tensor,
+        routed_B_T_L_K: torch.Tensor | None,
+        plan: list[tuple[torch.Tensor, int]],
+        *,
+        with_reference: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Policy (and reference) log-probs ``(B, T)`` of device tensors, one micro-batch of ``plan`` at a time.
+
+        Each plan entry is (rows, T_mb): the rows' first ``T_mb`` columns are
+        computed, the rest (padding) stays 0.
+        """
+        if with_reference and (self.reference_model is None or not self._reference_frozen):
             raise ConfigError(
                 "logprobs_with_reference needs a frozen reference (LearnerConfig.reference='initial')"
             )
-        old, ref = [], []
+        old = torch.zeros(tokens_B_T.shape, dtype=torch.float32, device=self.device)
+        ref = torch.zeros_like(old) if with_reference else None
         with torch.no_grad():
-            for start in range(0, tokens_B_T.shape[0], self.config.micro_batch_size):
-                sl = slice(start, start + self.config.micro_batch_size)
-                routed = None if routed_B_T_L_K is None else routed_B_T_L_K[sl]
-                old.append(self._logprobs_with_grad(tokens_B_T[sl], routed))
-                ref.append(self._logprobs_with_grad(tokens_B_T[sl], routed, model=self.reference_model))
-        return torch.cat(old, dim=0), torch.cat(ref, dim=0)
+            for rows, T in plan:
+                tokens = tokens_B_T[rows, :T]
+                routed = None if routed_B_T_L_K is None else routed_B_T_L_K[rows, :T]
+                old[rows, :T] = self._logprobs_with_grad(tokens, routed)
+                if ref is not None:
+                    ref[rows, :T] = self._logprobs_with_grad(tokens, routed, model=self.reference_model)
+        return old, ref
 
     def route(self, tokens_B_T: torch.Tensor) -> torch.Tensor:
         """The experts the learner's own routers pick, ``(B, T, L, K)`` (no replay)."""
@@ -247,6 +337,8 @@ class MegatronLearner:
 
         replays = model_router_replays(self.model)
         out = []
+        source_device = tokens_B_T.device
+        tokens_B_T = tokens_B_T.to(self.device)
         with torch.no_grad():
             for start in range(0, tokens_B_T.shape[0], self.config.micro_batch_size):
                 chunk = tokens_B_T[start : start + self.config.micro_batch_size]
@@ -262,13 +354,15 @@ class MegatronLearner:
                     for r in replays:
                         r.clear_router_replay_action()
                         r.clear_indices()
-        return torch.cat(out, dim=0)
+        return torch.cat(out, dim=0).to(source_device)
 
     def _logits(self, tokens_B_T: torch.Tensor, model: torch.nn.Module | None = None) -> torch.Tensor:
         B, T = tokens_B_T.shape
-        positions = torch.arange(T).expand(B, T)
+        positions = torch.arange(T, device=self.device).expand(B, T)
         return (model if model is not None else self.model)(
-            input_ids=tokens_B_T, position_ids=positions, attention_mask=causal_attention_mask(T)
+            input_ids=tokens_B_T,
+            position_ids=positions,
+            attention_mask=causal_attention_mask(T, device=self.device),
         )
 
     def _logprobs_with_grad(
@@ -306,38 +400,34 @@ class MegatronLearner:
 
         Tensor-parallel duplicates (norm weights) are counted once; dense
         parameters reduce over the model-parallel group, expert parameters
-        (``allreduce=False``) over the expert-model-parallel group.
+        (``allreduce=False``) over the expert-model-parallel group. The norm
+        is summed on the device and read once: one host sync per step.
         """
         from megatron.core import parallel_state
         from megatron.core.tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
 
-        dense = torch.zeros((), dtype=torch.float64)
-        expert = torch.zeros((), dtype=torch.float64)
         grads = [p for p in self._params if p.grad is not None]
-        for p in grads:
-            if not param_is_not_tensor_parallel_duplicate(p):
-                continue
-            sq = p.grad.detach().double().pow(2).sum().cpu()
-            if getattr(p, "allreduce", True):
-                dense += sq
-            else:
-                expert += sq
+        counted = [p for p in grads if param_is_not_tensor_parallel_duplicate(p)]
+
+        def sum_of_squares(params: list[torch.Tensor]) -> torch.Tensor:
+            if not params:
+                return torch.zeros((), dtype=torch.float64, device=self.device)
+            norms = [torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float64) for p in params]
+            return torch.stack(norms).square().sum()
+
+        dense = sum_of_squares([p for p in counted if getattr(p, "allreduce", True)])
+        expert = sum_of_squares([p for p in counted if not getattr(p, "allreduce", True)])
         if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-            device = grads[0].device if grads else "cpu"
-            d, e = dense.to(device), expert.to(device)
-            torch.distributed.all_reduce(d, group=parallel_state.get_model_parallel_group())
+            torch.distributed.all_reduce(dense, group=parallel_state.get_model_parallel_group())
             torch.distributed.all_reduce(
-                e, group=parallel_state.get_expert_tensor_model_pipeline_parallel_group()
+                expert, group=parallel_state.get_expert_tensor_model_pipeline_parallel_group()
             )
-            dense, expert = d.cpu(), e.cpu()
         norm = float((dense + expert).sqrt())
         if not math.isfinite(norm):
             raise LearnerError(f"non-finite gradient norm at step {self.step}")
         clip = self.config.optimizer.grad_clip
         if clip is not None and norm > clip:
-            scale = clip / (norm + 1e-6)
-            for p in grads:
-                p.grad.mul_(scale)
+            torch._foreach_mul_([p.grad for p in grads], clip / (norm + 1e-6))
         return norm
 
     def _check_batch(self, batch: TrainBatch) -> None:

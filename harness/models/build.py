@@ -7,13 +7,15 @@ through a private file store, so concurrent processes never fight over a TCP
 port; a multi-process launch (``torchrun``: RANK/WORLD_SIZE in the
 environment) uses ``env://``.
 
-On CPU: the local layer spec, gloo, and the workarounds of
-``labrl.harness.models.cpu_compat``. On GPU: the TransformerEngine spec and
-nccl.
+Every choice that depends on CUDA or TransformerEngine (layer spec, grouped
+GEMM, token dispatcher, process-group backend, RNG tracker, workarounds) comes
+from ``labrl.harness.models.device``; the spec chosen, and why, is logged once
+per process.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import threading
@@ -21,27 +23,34 @@ import threading
 import torch
 
 from labrl.errors import ConfigError
+from labrl.harness.models import device as dev
 from labrl.harness.models.config import MoEModelConfig, ParallelConfig, check_parallel
-from labrl.harness.models.cpu_compat import apply_cpu_workarounds, cuda_available
+from labrl.harness.models.cpu_compat import apply_workarounds
 
+log = logging.getLogger(__name__)
 _init_lock = threading.Lock()
+_logged: set[str] = set()
 
 
-def ensure_model_parallel(parallel: ParallelConfig) -> None:
-    """Initialise torch.distributed and megatron-core model parallelism once."""
+def ensure_model_parallel(parallel: ParallelConfig, device: torch.device | str = "auto") -> None:
+    """Initialise torch.distributed and megatron-core model parallelism once.
+
+    The first call fixes the process group's backend (``device.process_group_backend``).
+    """
     from megatron.core import parallel_state
 
+    caps = dev.detect_capabilities()
+    device = device if isinstance(device, torch.device) else dev.resolve_device(device, caps)
     with _init_lock:
-        cpu = not cuda_available()
-        if cpu:
-            apply_cpu_workarounds()
+        apply_workarounds(dev.workarounds(device, caps))
+        backend = dev.process_group_backend(device)
         if not torch.distributed.is_initialized():
             if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-                torch.distributed.init_process_group(backend="gloo" if cpu else "nccl", init_method="env://")
+                torch.distributed.init_process_group(backend=backend, init_method="env://")
             else:
                 store_dir = tempfile.mkdtemp(prefix="labrl-dist-")
                 torch.distributed.init_process_group(
-                    backend="gloo" if cpu else "nccl",
+                    backend=backend,
                     init_method=f"file://{store_dir}/store",
                     rank=0,
                     world_size=1,
@@ -59,13 +68,13 @@ def ensure_model_parallel(parallel: ParallelConfig) -> None:
                     f"requested {wanted}: use the same ParallelConfig for every model in one process"
                 )
             return
-        check_parallel(parallel, cuda=not cpu, world_size=torch.distributed.get_world_size())
+        check_parallel(parallel, cuda=device.type == "cuda", world_size=torch.distributed.get_world_size())
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=parallel.tensor_parallel,
             pipeline_model_parallel_size=parallel.pipeline_parallel,
             expert_model_parallel_size=parallel.expert_parallel,
         )
-        if not cpu:
+        if dev.rng_tracker(device) == "cuda":
             from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
             model_parallel_cuda_manual_seed(0)
@@ -77,11 +86,17 @@ def build_gpt_model(
     *,
     seed: int = 0,
     routing_replay: bool = True,
+    device: torch.device | str = "auto",
+    dtype: torch.dtype = torch.float32,
 ):
-    """A megatron-core ``GPTModel`` of shape ``config`` (fp32 parameters).
+    """A megatron-core ``GPTModel`` of shape ``config`` on ``device``, parameters in ``dtype``.
 
     Layer ``i`` carries experts when ``i % moe_layer_freq == 0`` and a dense
     SwiGLU MLP of width ``ffn_hidden_size`` otherwise (``decoder_block_spec``).
+    On CPU parameters are initialised from torch's default generator; on CUDA
+    on the device, from megatron's CUDA RNG tracker reseeded with ``seed`` (a
+    seed therefore gives different weights on CPU and CUDA, the same ones on
+    every run of either).
 
     Every MoE router gets its own ``RouterReplay`` (``routing_replay=True``),
     detached from megatron-core's process-wide registry: a learner and a
@@ -92,16 +107,31 @@ def build_gpt_model(
     from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer.moe.router_replay import RouterReplay
 
+    caps = dev.detect_capabilities()
+    device = device if isinstance(device, torch.device) else dev.resolve_device(device, caps)
     parallel = parallel or ParallelConfig()
-    ensure_model_parallel(parallel)
-    cpu = not cuda_available()
-    tconfig = config.transformer_config(parallel, cpu=cpu, routing_replay=routing_replay)
-    spec = decoder_block_spec(tconfig, cpu=cpu)
+    ensure_model_parallel(parallel, device)
+    choice = dev.layer_spec(device, caps)
+    _log_once(f"labrl model on {device}: {choice.name} layer spec ({choice.reason}); parameters {dtype}")
+    tconfig = config.transformer_config(
+        parallel,
+        cpu=device.type != "cuda",
+        routing_replay=routing_replay,
+        spec=choice,
+        dtype=dtype,
+    )
+    spec = decoder_block_spec(tconfig, use_transformer_engine=choice.use_transformer_engine)
     before = list(RouterReplay.global_router_replay_instances)
-    # Parameters are initialised from torch's default generator on CPU.
-    fork = torch.random.fork_rng(devices=[])
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.set_device(device)  # megatron allocates KV caches and buffers on the current device
+    fork = torch.random.fork_rng(devices=[torch.cuda.current_device()] if cuda else [])
     with fork:
         torch.manual_seed(seed)
+        if cuda:
+            from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+            model_parallel_cuda_manual_seed(seed)
         model = GPTModel(
             config=tconfig,
             transformer_layer_spec=spec,
@@ -113,24 +143,28 @@ def build_gpt_model(
             parallel_output=False,
         )
     RouterReplay.global_router_replay_instances[:] = before
-    if not cpu:
-        model = model.cuda()
-    return model
+    return model.to(device=device, dtype=dtype)
 
 
-def decoder_block_spec(tconfig, *, cpu: bool):
+def _log_once(message: str) -> None:
+    if message not in _logged:
+        _logged.add(message)
+        log.warning(message) if "without TransformerEngine" in message else log.info(message)
+
+
+def decoder_block_spec(tconfig, *, use_transformer_engine: bool):
     """One layer spec per decoder layer, MoE or dense as ``tconfig.moe_layer_freq`` says.
 
     megatron-core's ``get_gpt_decoder_block_spec``
     (megatron/core/models/gpt/gpt_layer_specs.py) reads the per-layer pattern
     from the config; a single layer spec passed to ``GPTModel`` instead would
-    make every layer MoE whatever the pattern. Local modules on CPU, the
-    TransformerEngine ones on GPU.
+    make every layer MoE whatever the pattern. Local modules or the
+    TransformerEngine ones, as ``device.layer_spec`` chose.
     """
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
     return get_gpt_decoder_block_spec(
-        tconfig, use_transformer_engine=not cpu, normalization=tconfig.normalization
+        tconfig, use_transformer_engine=use_transformer_engine, normalization=tconfig.normalization
     )
 
 

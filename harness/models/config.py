@@ -109,18 +109,39 @@ class MoEModelConfig(BaseModel):
     def num_moe_layers(self) -> int:
         return len(self.moe_layer_indices)
 
-    def transformer_config(self, parallel: ParallelConfig, *, cpu: bool, routing_replay: bool = True):
+    def transformer_config(
+        self,
+        parallel: ParallelConfig,
+        *,
+        cpu: bool,
+        routing_replay: bool = True,
+        spec=None,
+        dtype: torch.dtype = torch.float32,
+    ):
         """megatron-core ``TransformerConfig`` for this shape.
 
-        ``cpu=True`` selects the ``allgather`` token dispatcher: ``alltoall``
-        creates a CUDA stream in its ``__init__``
-        (megatron/core/transformer/moe/token_dispatcher.py). Router fusion stays
-        off: the fused top-k kernel bypasses RouterReplay.
+                ``spec`` (a ``labrl.harness.models.device.SpecChoice``; by default the
+                one for CPU or for CUDA without TransformerEngine) sets the token
+                dispatcher and grouped GEMM: on CPU ``allgather``, since ``alltoall``
+                creates a CUDA stream in its ``__init__``
+                (megatron/core/transformer/moe/token_dispatcher.py). ``cpu`` also
+                initialises parameters on the CPU. ``dtype`` bf16 sets megatron's
+                ``bf16``/``params_dtype`` (the router computes in the parameters' dtype,
+        as the bf16 sampler always has; router replay removes the routing
+        mismatch that causes). Router fusion
+                stays off: the fused top-k kernel bypasses RouterReplay.
         """
         from megatron.core.transformer.transformer_config import TransformerConfig
 
         if cpu:
             check_parallel(parallel, cuda=False, world_size=1)
+        from labrl.harness.models import device as dev
+
+        if spec is None:
+            spec = dev.layer_spec(
+                torch.device("cpu" if cpu else "cuda"),
+                dev.Capabilities(cuda=not cpu, transformer_engine=False),
+            )
         layer_freq: int | list[int] = (
             1
             if self.moe_layer_freq == 1
@@ -139,8 +160,10 @@ class MoEModelConfig(BaseModel):
             moe_layer_freq=layer_freq,
             moe_aux_loss_coeff=self.moe_aux_loss_coeff,
             moe_router_load_balancing_type="aux_loss" if self.moe_aux_loss_coeff > 0 else "none",
-            moe_token_dispatcher_type="allgather" if cpu else "alltoall",
-            moe_grouped_gemm=not cpu,
+            moe_token_dispatcher_type=spec.token_dispatcher,
+            moe_grouped_gemm=spec.moe_grouped_gemm,
+            bf16=dtype == torch.bfloat16,
+            params_dtype=dtype,
             moe_router_fusion=False,
             moe_enable_routing_replay=routing_replay,
             qk_layernorm=self.qk_layernorm,

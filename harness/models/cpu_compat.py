@@ -1,8 +1,11 @@
-"""Workarounds that let megatron-core 0.16.1 run a GPTModel with MoE layers on CPU.
+"""Workarounds that let megatron-core 0.16.1 run a GPTModel with MoE layers on CPU, or without TE.
 
-megatron-core assumes CUDA in a handful of places. Each workaround below names
-the upstream spot it covers; ``apply_cpu_workarounds()`` installs them only
-when CUDA is unavailable, once per process, and never touches a GPU run.
+megatron-core assumes CUDA (and TransformerEngine) in a handful of places.
+Each workaround below names the upstream spot it covers;
+``labrl.harness.models.device.workarounds`` decides which ones a model needs
+(all of them on CPU; only 3, the ``te_general_gemm`` binding, on CUDA without
+TransformerEngine; none with it) and ``apply_workarounds`` installs them, each
+once per process.
 
 1. ``megatron/core/utils.py: GlobalMemoryBuffer.get_tensor`` allocates its
    scratch buffer (used by the local ``DotProductAttention`` for ``baddbmm``)
@@ -40,28 +43,36 @@ import threading
 import torch
 
 _lock = threading.Lock()
-_applied = False
+
+
+_applied: set[str] = set()
 
 
 def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def apply_cpu_workarounds() -> bool:
-    """Install the CPU workarounds once; returns True when they are active."""
-    global _applied
-    if cuda_available():
-        return False
+def apply_workarounds(names: tuple[str, ...]) -> tuple[str, ...]:
+    """Install the named workarounds (each once per process); returns the names now active."""
+    unknown = set(names) - set(PATCHES)
+    if unknown:
+        raise ValueError(f"unknown workarounds {sorted(unknown)}; known: {sorted(PATCHES)}")
     with _lock:
-        if _applied:
-            return True
-        _patch_global_memory_buffer()
-        _patch_rng_tracker()
-        _patch_router_gating_gemm()
-        _patch_router_gating_device()
-        _patch_kv_cache_allocation()
-        _patch_rotary_embedding()
-        _applied = True
+        for name in names:
+            if name not in _applied:
+                PATCHES[name]()
+                _applied.add(name)
+        return tuple(sorted(_applied))
+
+
+def apply_cpu_workarounds() -> bool:
+    """Install the workarounds a CPU model needs; returns True when they are active (no CUDA)."""
+    from labrl.harness.models.device import detect_capabilities, workarounds
+
+    caps = detect_capabilities()
+    if caps.cuda:
+        return False
+    apply_workarounds(workarounds(torch.device("cpu"), caps))
     return True
 
 
@@ -129,3 +140,13 @@ def _patch_rotary_embedding() -> None:
         return emb[:, None, None, :]  # (S, 1, 1, dim)
 
     rotary_pos_embedding.RotaryEmbedding.get_emb = get_emb
+
+
+PATCHES = {
+    "global_memory_buffer": _patch_global_memory_buffer,
+    "rng_tracker": _patch_rng_tracker,
+    "router_gating_gemm": _patch_router_gating_gemm,
+    "router_gating_device": _patch_router_gating_device,
+    "kv_cache_allocation": _patch_kv_cache_allocation,
+    "rotary_embedding": _patch_rotary_embedding,
+}

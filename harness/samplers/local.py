@@ -1,4 +1,4 @@
-"""LocalSampler: batched generation with a megatron-core MoE model, in process, on CPU.
+"""LocalSampler: batched generation with a megatron-core MoE model, in process, on CPU or CUDA.
 
 It runs the same ``GPTModel`` class the learner trains (its own copy of the
 weights, fp32 or bf16), so in fp32 its log-probs match the learner's to float
@@ -25,6 +25,13 @@ How a batch runs (static batching with megatron-core's KV cache,
   last sampled token is never fed back, so its row is padding (experts
   ``0..K-1``; it influences no trained log-prob).
 
+Device: the model lives on ``config.device`` (``auto``: CUDA when available)
+in ``config.precision`` (``auto``: bf16 on CUDA, fp32 on CPU). Per forward
+there are at most three host-device copies, whatever the batch size: the
+fed tokens (and, at an admission, the mask) up, the last-token logits down
+(sampling runs on the host with each request's own generator, so seeded
+requests draw the same tokens on every device), the recorded routing down.
+
 Behaviour log-prob of a token = log softmax(logits / temperature) at that
 token (temperature 0 -> 1), before top-k/top-p truncation; the learner uses
 the same temperature.
@@ -44,8 +51,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from labrl.errors import SamplerError
+from labrl.harness.models import device as dev
 from labrl.harness.models.build import build_gpt_model
-from labrl.harness.models.config import DTYPES, MoEModelConfig, ParallelConfig, Precision
+from labrl.harness.models.config import MoEModelConfig, ParallelConfig
+from labrl.harness.models.device import DEVICE_PATTERN, HOST, PrecisionChoice
 from labrl.harness.models.routing import from_megatron_layout, model_router_replays
 from labrl.harness.types import GenerateRequest, GenerateResult, SamplingParams
 
@@ -53,7 +62,12 @@ from labrl.harness.types import GenerateRequest, GenerateResult, SamplingParams
 class LocalSamplerConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    precision: Precision = "fp32"
+    precision: PrecisionChoice = Field(
+        default="auto", description="auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16"
+    )
+    device: str = Field(
+        default="auto", pattern=DEVICE_PATTERN, description="auto (CUDA when available) | cpu | cuda[:N]"
+    )
     max_batch_size: int = Field(default=64, ge=1)
     batch_wait_s: float = Field(default=0.005, ge=0.0, description="window to gather concurrent requests")
     seed: int = Field(default=0, description="init seed of the weights and of unseeded sampling")
@@ -134,9 +148,16 @@ class LocalSampler:
     ) -> None:
         self.model_config = model_config
         self.config = config or LocalSamplerConfig()
-        self.dtype = DTYPES[self.config.precision]
-        model = build_gpt_model(model_config, parallel, seed=self.config.seed, routing_replay=True)
-        self.model = model.to(self.dtype).eval()
+        self.device = dev.resolve_device(self.config.device, dev.detect_capabilities())
+        self.dtype = dev.param_dtype(self.config.precision, self.device)
+        self.model = build_gpt_model(
+            model_config,
+            parallel,
+            seed=self.config.seed,
+            routing_replay=True,
+            device=self.device,
+            dtype=self.dtype,
+        ).eval()
         self._replays = model_router_replays(self.model)
         self._param_names = {k for k in self.model.state_dict() if not k.endswith("_extra_state")}
         self._lock = threading.Lock()  # one forward or one weight load at a time
@@ -147,7 +168,7 @@ class LocalSampler:
         self._pending: list[_Pending] = []
         self._runner: asyncio.Task | None = None
         self._generator = torch.Generator().manual_seed(self.config.seed)
-        self.stats = {"generated_tokens": 0, "batches": 0, "busy_s": 0.0}
+        self.stats = {"generated_tokens": 0, "batches": 0, "busy_s": 0.0, "cache_merges": 0}
         if weights is not None:
             self._load(weights, version)
 
@@ -243,12 +264,17 @@ class LocalSampler:
                     p.future.set_result(result)
 
     def _forward(self, ids_B_S: torch.Tensor, mask: torch.Tensor, ctx, record: bool):
-        """One forward under the lock: (last-token logits (B, V), version, routing (B, S, L, K) | None)."""
+        """One forward under the lock: (last-token logits (B, V), version, routing (B, S, L, K) | None).
+
+        ``ids_B_S`` are host tokens (copied up here); ``mask`` is on the model's
+        device already. Logits and routing come back on the host.
+        """
         from megatron.core.transformer.moe.router_replay import RouterReplayAction
 
         B, S = ids_B_S.shape
         offset = ctx.sequence_len_offset
-        positions = torch.arange(offset, offset + S).expand(B, S)
+        ids_B_S = ids_B_S.to(self.device)
+        positions = torch.arange(offset, offset + S, device=self.device).expand(B, S)
         with self._lock, torch.no_grad():
             for r in self._replays:
                 r.clear_indices()
@@ -266,12 +292,12 @@ class LocalSampler:
             version = self._version
             routed = None
             if record:
-                routed = from_megatron_layout([r.get_recorded_indices() for r in self._replays], B)
+                routed = from_megatron_layout([r.get_recorded_indices() for r in self._replays], B).cpu()
             for r in self._replays:
                 r.clear_router_replay_action()
                 r.clear_indices()
         ctx.sequence_len_offset += S
-        return logits[:, -1, :].float(), version, routed
+        return logits[:, -1, :].float().cpu(), version, routed
 
     async def _run_batch(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         from megatron.core.inference.contexts import StaticInferenceContext
@@ -290,15 +316,16 @@ class LocalSampler:
                 rows[-1].finish = "abort"
         N = max(1, max(row.max_new for row in rows))
         record = any(r.return_routed_experts for r in requests)
-        ids = torch.full((B, P), self.config.pad_token_id, dtype=torch.long)
-        valid = torch.zeros(B, P + N, dtype=torch.bool)  # key positions a row may attend to
+        ids = torch.full((B, P), self.config.pad_token_id, dtype=torch.long, device=HOST)
+        valid = torch.zeros(B, P + N, dtype=torch.bool, device=HOST)  # key positions a row may attend to
         for b, r in enumerate(requests):
             n = len(r.input_ids)
-            ids[b, P - n :] = torch.tensor(r.input_ids, dtype=torch.long)
+            ids[b, P - n :] = torch.tensor(r.input_ids, dtype=torch.long, device=HOST)
             valid[b, P - n :] = True
         valid[:, P:] = True
+        valid = valid.to(self.device)  # once per batch: every decode mask is a slice of it
         ctx = StaticInferenceContext(B, P + N)
-        causal = torch.triu(torch.ones(P, P, dtype=torch.bool), diagonal=1)
+        causal = torch.triu(torch.ones(P, P, dtype=torch.bool, device=self.device), diagonal=1)
         prefill_mask = causal[None, None] | ~valid[:, None, None, :P]  # (B, 1, P, P)
         logits, version, routed = await asyncio.to_thread(self._forward, ids, prefill_mask, ctx, record)
         if routed is not None:
@@ -307,7 +334,7 @@ class LocalSampler:
         prefill_s = time.perf_counter() - started
         step = 0
         while True:
-            fed = torch.full((B, 1), self.config.pad_token_id, dtype=torch.long)
+            fed = torch.full((B, 1), self.config.pad_token_id, dtype=torch.long, device=HOST)
             for b, row in enumerate(rows):
                 if row.finish is not None:
                     continue
@@ -435,7 +462,7 @@ class LocalSampler:
                         busy_since = None
                     continue
                 assert state is not None
-                fed = torch.full((len(rows), 1), self.config.pad_token_id, dtype=torch.long)
+                fed = torch.full((len(rows), 1), self.config.pad_token_id, dtype=torch.long, device=HOST)
                 for b, row in enumerate(rows):
                     if row.finish is not None:
                         continue
@@ -456,12 +483,14 @@ class LocalSampler:
                 if 2 * (len(rows) - len(live_idx)) >= len(rows):
                     # finished rows are at least half the batch: drop them from the cache
                     state = await asyncio.to_thread(_merge_caches, [(state, live_idx)], _room(rows))
+                    self.stats["cache_merges"] += 1
                     rows, fed = [rows[b] for b in live_idx], fed[live_idx]
                 await asyncio.sleep(0)  # let other coroutines (weight updates, envs) run
                 await self._wait_if_paused()
                 ctx = state.ctx
                 S = ctx.sequence_len_offset + 1
-                decode_mask = (torch.arange(S)[None] < state.start_B[:, None])[
+                start_dev = state.start_on(self.device)
+                decode_mask = (torch.arange(S, device=self.device)[None] < start_dev[:, None])[
                     :, None, None, :
                 ]  # (B, 1, 1, S)
                 record = any(row.request.return_routed_experts for row in rows if row.finish is None)
@@ -506,18 +535,19 @@ class LocalSampler:
         B = len(new_rows)
         P = max(len(row.request.input_ids) for row in new_rows)
         room = _room([*rows, *new_rows])
-        ids = torch.full((B, P), self.config.pad_token_id, dtype=torch.long)
-        start = torch.empty(B, dtype=torch.long)
+        ids = torch.full((B, P), self.config.pad_token_id, dtype=torch.long, device=HOST)
+        start = torch.empty(B, dtype=torch.long, device=HOST)
         for b, row in enumerate(new_rows):
             n = len(row.request.input_ids)
-            ids[b, P - n :] = torch.tensor(row.request.input_ids, dtype=torch.long)
+            ids[b, P - n :] = torch.tensor(row.request.input_ids, dtype=torch.long, device=HOST)
             start[b] = P - n
         # alone, the prefill cache is the running cache: room for every new token; otherwise only the prompts
         ctx = StaticInferenceContext(B, P + (room if state is None else 0))
-        keys = torch.arange(P)
+        keys = torch.arange(P, device=HOST)  # the mask is built on the host and copied up with the ids
         blocked = (keys[None, :] > keys[:, None])[None] | (keys[None, :] < start[:, None])[:, None, :]
         record = any(row.request.return_routed_experts for row in new_rows)
-        logits, version, routed = await asyncio.to_thread(self._forward, ids, blocked[:, None], ctx, record)
+        mask = blocked[:, None].to(self.device)
+        logits, version, routed = await asyncio.to_thread(self._forward, ids, mask, ctx, record)
         prefill_s = time.perf_counter() - started
         for b, row in enumerate(new_rows):
             row.version = version
@@ -543,8 +573,15 @@ class _CacheState:
     """A running batch's KV cache: row ``b`` attends to key slots ``[start_B[b], ctx.sequence_len_offset)``."""
 
     ctx: object  # megatron StaticInferenceContext
-    start_B: torch.Tensor  # (B,) long
-    logits_B_V: torch.Tensor  # (B, V): next-token logits of each row
+    start_B: torch.Tensor  # (B,) long, host
+    logits_B_V: torch.Tensor  # (B, V): next-token logits of each row, host
+    _start_on_device: torch.Tensor | None = None
+
+    def start_on(self, device: torch.device) -> torch.Tensor:
+        """``start_B`` on the model's device, copied once per cache (decode masks are built there)."""
+        if self._start_on_device is None:
+            self._start_on_device = self.start_B.to(device)
+        return self._start_on_device
 
 
 def _room(rows: list[_Row]) -> int:
@@ -574,8 +611,8 @@ def _merge_caches(parts: list[tuple[_CacheState, list[int]]], extra: int) -> _Ca
     layers = parts[0][0].ctx.key_value_memory_dict.keys()
     for layer in layers:
         k0, v0 = parts[0][0].ctx.key_value_memory_dict[layer]
-        keys = torch.zeros((offset + extra, B, *k0.shape[2:]), dtype=k0.dtype)
-        values = torch.zeros((offset + extra, B, *v0.shape[2:]), dtype=v0.dtype)
+        keys = torch.zeros((offset + extra, B, *k0.shape[2:]), dtype=k0.dtype, device=k0.device)
+        values = torch.zeros((offset + extra, B, *v0.shape[2:]), dtype=v0.dtype, device=v0.device)
         row = 0
         for p, idx in parts:
             if not idx:
@@ -583,8 +620,9 @@ def _merge_caches(parts: list[tuple[_CacheState, list[int]]], extra: int) -> _Ca
             k, v = p.ctx.key_value_memory_dict[layer]
             end = p.ctx.sequence_len_offset
             span = end - int(p.start_B[idx].min())
-            keys[offset - span : offset, row : row + len(idx)] = k[end - span : end, idx]
-            values[offset - span : offset, row : row + len(idx)] = v[end - span : end, idx]
+            on_device = torch.tensor(idx, dtype=torch.long, device=k.device)
+            keys[offset - span : offset, row : row + len(idx)] = k[end - span : end, on_device]
+            values[offset - span : offset, row : row + len(idx)] = v[end - span : end, on_device]
             row += len(idx)
         ctx.key_value_memory_dict[layer] = (keys, values)
     starts, logits = [], []

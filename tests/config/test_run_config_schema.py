@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
+import torch
 from pydantic import BaseModel
 
 from labrl.errors import ConfigError
@@ -35,6 +36,7 @@ from labrl.harness.config import (
 )
 from labrl.harness.learners.config import LearnerConfig
 from labrl.harness.models.config import ParallelConfig, check_parallel, get_preset
+from labrl.harness.models.device import param_dtype, precision_name
 from labrl.harness.samplers.local import LocalSamplerConfig
 from labrl.harness.samplers.sglang import SGLangSamplerConfig
 from labrl.harness.tokenizer import ByteTokenizer
@@ -57,6 +59,8 @@ EXAMPLES: dict[str, tuple[Any, list[str]]] = {
     "learner.optimizer.schedule": ("cosine", ["learner.optimizer.total_steps=50"]),
     "sampler.sglang.weight_transport": ("distributed", []),
     "sampler.sglang.group_sep": ("|", []),
+    "learner.device": ("cpu", []),
+    "sampler.local.device": ("cpu", []),
 }
 
 
@@ -289,6 +293,9 @@ def test_quickstart_resolves_to_the_captured_component_configs(name):
     ):
         dumped = got.model_dump(mode="json")
         for key, value in expected.items():
+            if key == "precision" and dumped[key] == "auto":  # the default since device/precision auto
+                assert precision_name(param_dtype("auto", torch.device("cpu"))) == value, key
+                continue
             assert dumped[key] == value, key
         defaults = cls.model_validate({**{k: getattr(got, k) for k in expected}}).model_dump(
             mode="json"

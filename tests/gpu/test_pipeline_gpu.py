@@ -9,7 +9,7 @@ first batch on-policy. The checks are the CPU test's
 the server's kernels are not the learner's, so log-probs agree to ~1e-2, and a
 near-tie in a router may pick another expert.
 
-Run with ``pytest -m gpu tests/gpu`` (needs CUDA and ``pip install -e .[gpu]``).
+Run with ``pytest -m gpu tests/gpu`` (needs CUDA, and SGLang in its own environment: docs/gpu.md).
 """
 
 from __future__ import annotations

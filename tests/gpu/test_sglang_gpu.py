@@ -1,6 +1,6 @@
 """On a GPU node: a real SGLang server on an exported small MoE, against the megatron-core learner's model.
 
-Run with ``pytest -m gpu tests/gpu`` (needs CUDA and ``pip install -e .[gpu]``).
+Run with ``pytest -m gpu tests/gpu`` (needs CUDA, and SGLang in its own environment: docs/gpu.md).
 The 5-step pipeline run (``labrl train`` with ``sampler.kind: sglang``) is in
 ``test_pipeline_gpu.py``.
 """

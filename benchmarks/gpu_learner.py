@@ -1,0 +1,454 @@
+"""Learner speed on CUDA, and the cost of padding ragged RL batches (CPU part).
+
+GPU part (skipped cleanly without CUDA), for two shapes: the quickstart's tiny
+MoE and a 64-expert top-8 MoE, 4 layers, hidden 2048, expert FFN 1024, vocab
+32000 (~1.9B parameters, ~0.4B active), bf16:
+
+- ``labrl``: ``MegatronLearner.train_step`` (old log-probs pass, forward,
+  backward, fp32-master AdamW) on a full batch of B x T tokens;
+- ``megatron``: bare megatron-core, same model builder (same spec), same
+  micro-batch and sequence length: forward, cross-entropy, backward, AdamW
+  on the bf16 parameters;
+- ``hf``: transformers' ``Qwen3MoeForCausalLM`` in bf16 with
+  ``experts_implementation="grouped_mm"`` (what a TRL/FSDP user trains), same
+  shape, forward + backward + AdamW.
+
+Per row: tokens/s, model TFLOP/s and MFU against the device's dense bf16 peak
+(FLOPs per token = 6 * active matmul parameters + 6 * layers * hidden * T for
+causal attention, the same count for every path; ``labrl`` also runs the
+no-grad forward that gives the old log-probs, ~1/3 more compute that this
+count leaves out, so at equal efficiency it shows ~0.75x), and peak memory.
+Plus the local sampler's decode tokens/s.
+
+CPU part (``--cpu``; ``--timed`` adds learner step times): padding fraction
+and useful (non-padding) tokens/s of a learner step on batches whose lengths
+follow real runs: episodes of the
+quickstart env, the XRD tools env and the lab env, played with their gold
+(else random) policy and with their random policy, measured in byte-tokenizer tokens of the whole
+conversation. Padded to the batch's longest row vs length-sorted micro-batches
+(``labrl.harness.batching.micro_batches``), in the same run.
+
+    .venv/bin/python benchmarks/gpu_learner.py --cpu          # CPU part (~5 min on 2 cores)
+    python3 benchmarks/gpu_learner.py                         # on a GPU node (benchmarks/gpu_check.sh)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from labrl._warnings import quiet_expected_warnings
+from labrl.harness.batching import collate
+from labrl.harness.learners import LearnerConfig, MegatronLearner
+from labrl.harness.models import MoEModelConfig, get_preset
+from labrl.harness.types import Trajectory
+
+RESULTS = Path(__file__).parent / "results"
+QUICKSTART_MODEL = get_preset("tiny-moe").model_copy(
+    update={
+        "max_sequence_length": 256,
+        "num_layers": 2,
+        "hidden_size": 96,
+        "ffn_hidden_size": 192,
+        "num_experts": 4,
+        "moe_ffn_hidden_size": 192,
+    }
+)
+BIG_MODEL = MoEModelConfig(
+    name="moe-64x-top8-h2048",
+    num_layers=4,
+    hidden_size=2048,
+    num_attention_heads=16,
+    ffn_hidden_size=8192,
+    num_experts=64,
+    moe_router_topk=8,
+    moe_ffn_hidden_size=1024,
+    vocab_size=32000,
+    max_sequence_length=4096,
+)
+# dense bf16 peaks (no sparsity), by device-name fragment
+BF16_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0}
+ENVS = {
+    "quickstart (xrd/phase-id-v0)": (
+        "xrd/phase-id-v0",
+        {"tier": 1, "n_peaks": 6, "n_candidates": 4, "phase_pool": 8, "answer_format": "formula"},
+    ),
+    "xrd/phase-id-tools-v0": ("xrd/phase-id-tools-v0", {}),
+    "lab/synthesis-multiturn-v0": ("lab/synthesis-multiturn-v0", {}),
+}
+
+
+# -- FLOPs ----------------------------------------------------------------------
+
+
+def active_matmul_params(cfg: MoEModelConfig) -> int:
+    """Parameters each token multiplies through: attention, top-k experts, output layer (not the embedding)."""
+    H = cfg.hidden_size
+    d = cfg.kv_channels or H // cfg.num_attention_heads
+    groups = cfg.num_query_groups or cfg.num_attention_heads
+    attn = H * d * (cfg.num_attention_heads + 2 * groups) + cfg.num_attention_heads * d * H
+    moe = cfg.moe_router_topk * 3 * H * cfg.moe_ffn_hidden_size + H * cfg.num_experts
+    dense = 3 * H * cfg.ffn_hidden_size
+    layers = sum(attn + (moe if i in cfg.moe_layer_indices else dense) for i in range(cfg.num_layers))
+    return layers + H * cfg.vocab_size
+
+
+def train_flops_per_token(cfg: MoEModelConfig, T: int) -> float:
+    return 6.0 * active_matmul_params(cfg) + 6.0 * cfg.num_layers * cfg.hidden_size * T
+
+
+def peak_tflops() -> float | None:
+    name = torch.cuda.get_device_name(0)
+    return next((v for k, v in BF16_PEAK_TFLOPS.items() if k in name), None)
+
+
+# -- GPU part -------------------------------------------------------------------
+
+
+def synthetic_batch(cfg: MoEModelConfig, B: int, T: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    trajs = []
+    for b in range(B):
+        tokens = torch.randint(0, min(cfg.vocab_size, 256), (T,), generator=gen).tolist()
+        trajs.append(
+            Trajectory(
+                env_id="bench/synthetic", task_id=f"t{b}", group_id=f"g{b // 8}", tokens_T=tokens,
+                loss_mask_T=[0] * (T // 2) + [1] * (T - T // 2), logprobs_T=[-1.0] * T, versions_T=[0] * T,
+                reward=float(b % 2), outcome="ok", finish_reason="stop", num_turns=1,
+            )
+        )  # fmt: skip
+    return collate(trajs, pad_token_id=0)
+
+
+def cuda_timed(fn, repeats: int) -> float:
+    fn()  # warm-up (kernel selection, allocator)
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - started) / repeats
+
+
+def row(name: str, cfg: MoEModelConfig, tokens: int, seconds: float, T: int, peak: float | None) -> dict:
+    tflops = train_flops_per_token(cfg, T) * tokens / seconds / 1e12
+    return {
+        "path": name,
+        "tokens_per_s": tokens / seconds,
+        "model_tflops": tflops,
+        "mfu": None if peak is None else tflops / peak,
+        "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
+    }
+
+
+def bench_labrl(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, peak) -> dict:
+    torch.cuda.empty_cache()  # the previous path's tensors died with its function
+    torch.cuda.reset_peak_memory_stats()
+    learner = MegatronLearner(LearnerConfig(model=cfg, micro_batch_size=mbs, router_replay=False))
+    batch = synthetic_batch(cfg, B, T)
+    seconds = cuda_timed(lambda: learner.train_step(batch), repeats)
+    out = row("labrl MegatronLearner.train_step", cfg, B * T, seconds, T, peak)
+    out["spec"] = learner.spec.name
+    return out
+
+
+def bench_megatron(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, peak) -> dict:
+    from labrl.harness.models import build_gpt_model, causal_attention_mask
+
+    torch.cuda.empty_cache()  # the previous path's tensors died with its function
+    torch.cuda.reset_peak_memory_stats()
+    device = torch.device("cuda")
+    model = build_gpt_model(cfg, routing_replay=False, device=device, dtype=torch.bfloat16).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    tokens = torch.randint(0, min(cfg.vocab_size, 256), (B, T), device=device)
+    positions = torch.arange(T, device=device).expand(mbs, T)
+    mask = causal_attention_mask(T, device=device)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        for start in range(0, B, mbs):
+            chunk = tokens[start : start + mbs]
+            logits = model(input_ids=chunk, position_ids=positions[: chunk.shape[0]], attention_mask=mask)
+            loss = torch.nn.functional.cross_entropy(
+                logits[:, :-1].float().reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1)
+            )
+            loss.backward()
+        opt.step()
+
+    seconds = cuda_timed(step, repeats)
+    return row("bare megatron-core", cfg, B * T, seconds, T, peak)
+
+
+def bench_hf(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, peak) -> dict:
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.cuda.empty_cache()  # the previous path's tensors died with its function
+    torch.cuda.reset_peak_memory_stats()
+    hf_cfg = Qwen3MoeConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.ffn_hidden_size,
+        moe_intermediate_size=cfg.moe_ffn_hidden_size, num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_query_groups or cfg.num_attention_heads,
+        head_dim=cfg.kv_channels or cfg.hidden_size // cfg.num_attention_heads,
+        num_experts=cfg.num_experts, num_experts_per_tok=cfg.moe_router_topk, decoder_sparse_step=1,
+        max_position_embeddings=cfg.max_sequence_length, norm_topk_prob=True, output_router_logits=False,
+    )  # fmt: skip
+    try:
+        hf_cfg.experts_implementation = "grouped_mm"
+    except (AttributeError, ValueError):
+        pass
+    with torch.device("cuda"):
+        model = Qwen3MoeForCausalLM(hf_cfg).to(torch.bfloat16).train()
+    implementation = getattr(model.config, "experts_implementation", None) or "default"
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    tokens = torch.randint(0, min(cfg.vocab_size, 256), (B, T), device="cuda")
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        for start in range(0, B, mbs):
+            chunk = tokens[start : start + mbs]
+            model(input_ids=chunk, labels=chunk).loss.backward()
+        opt.step()
+
+    seconds = cuda_timed(step, repeats)
+    out = row(f"HF Qwen3MoeForCausalLM ({implementation})", cfg, B * T, seconds, T, peak)
+    return out
+
+
+def bench_sampler(cfg: MoEModelConfig, batch: int, prompt: int, new: int) -> dict:
+    from labrl.harness.samplers import LocalSampler, LocalSamplerConfig
+    from labrl.harness.types import GenerateRequest, SamplingParams
+
+    sampler = LocalSampler(cfg, LocalSamplerConfig(max_batch_size=batch))
+    gen = torch.Generator().manual_seed(0)
+    reqs = [
+        GenerateRequest(
+            rid=f"r{i}",
+            input_ids=tuple(torch.randint(0, min(cfg.vocab_size, 256), (prompt,), generator=gen).tolist()),
+            sampling=SamplingParams(max_new_tokens=new, seed=i, stop_token_ids=()),
+        )
+        for i in range(batch)
+    ]
+    asyncio.run(sampler.generate(reqs[:2]))  # warm-up
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    results = asyncio.run(sampler.generate(reqs))
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    generated = sum(len(r.output_ids) for r in results)
+    return {"path": "LocalSampler decode", "batch": batch, "prompt": prompt, "new_tokens": new,
+            "tokens_per_s": generated / seconds}  # fmt: skip
+
+
+def gpu_part(repeats: int) -> dict:
+    peak = peak_tflops()
+    out: dict = {"device": torch.cuda.get_device_name(0), "bf16_peak_tflops": peak, "shapes": {}}
+    for cfg, B, T, mbs in ((QUICKSTART_MODEL, 64, 200, 32), (BIG_MODEL, 16, 2048, 2)):
+        rows = []
+        for bench in (bench_megatron, bench_labrl, bench_hf):
+            try:
+                rows.append(bench(cfg, B, T, mbs, repeats, peak))
+            except Exception as exc:  # one path failing must not hide the others' numbers
+                rows.append({"path": bench.__name__, "error": f"{type(exc).__name__}: {exc}"})
+        base = rows[0].get("tokens_per_s")
+        for r in rows:
+            if base and "tokens_per_s" in r:
+                r["vs_bare_megatron"] = r["tokens_per_s"] / base
+        out["shapes"][cfg.name] = {"B": B, "T": T, "micro_batch": mbs,
+                                   "active_matmul_params": active_matmul_params(cfg), "rows": rows}  # fmt: skip
+    out["sampler"] = [bench_sampler(QUICKSTART_MODEL, 64, 160, 64), bench_sampler(BIG_MODEL, 32, 512, 64)]
+    return out
+
+
+# -- CPU part: padding on ragged batches -------------------------------------------
+
+
+async def episode_lengths(env_id: str, options: dict, n: int, policy_name: str) -> list[int]:
+    """Tokens of whole conversations (byte tokenizer) played with the env's gold (else random) or random policy."""
+    from labrl.envs.registry import make
+    from labrl.envs.runner import run_episode, scripted_policy
+    from labrl.harness.tokenizer import ByteTokenizer
+
+    tok = ByteTokenizer()
+
+    async def one(i: int) -> int:
+        env = make(env_id, **options)
+        try:
+            task = env.make_task("train", i)
+            gold = env.gold_actions(task) if policy_name == "gold" else None
+            rng = random.Random(i)
+
+            async def random_policy(messages, tools):
+                return env.random_action(task, rng)
+
+            policy = scripted_policy(list(gold)) if gold is not None else random_policy
+            episode = await run_episode(env, task, policy)
+            return len(tok.chat_prompt(episode.messages, ()))
+        finally:
+            await env.close()
+
+    return list(await asyncio.gather(*(one(i) for i in range(n))))
+
+
+def ragged_batch(lengths: list[int], vocab: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    trajs = []
+    for b, n in enumerate(lengths):
+        tokens = torch.randint(0, min(vocab, 256), (n,), generator=gen).tolist()
+        gen_len = max(1, min(32, n // 4))
+        trajs.append(
+            Trajectory(
+                env_id="bench/ragged", task_id=f"t{b}", group_id=f"g{b // 8}", tokens_T=tokens,
+                loss_mask_T=[0] * (n - gen_len) + [1] * gen_len, logprobs_T=[-1.0] * n, versions_T=[0] * n,
+                reward=float(b % 2), outcome="ok", finish_reason="stop", num_turns=1,
+            )
+        )  # fmt: skip
+    return collate(trajs, pad_token_id=0)
+
+
+def padded_tokens(lengths: list[int], mbs: int, sort: bool) -> int:
+    from labrl.harness.batching import micro_batches
+
+    mask = torch.zeros(len(lengths), max(lengths), dtype=torch.bool)
+    for b, n in enumerate(lengths):
+        mask[b, :n] = True
+    _, spans = micro_batches(mask, mbs, sort_by_length=sort)
+    return sum((stop - start) * T for start, stop, T in spans)
+
+
+def cpu_part(n_episodes: int, batch: int, repeats: int, timed: bool) -> dict:
+    """Padding fractions on the envs' real lengths; with ``timed``, learner steps padded vs sorted.
+
+    Padding is exact arithmetic on the sampled lengths (tokens computed per
+    micro-batch plan). The timed comparison trains the quickstart model, so
+    its lengths are capped at that model's 256-token context.
+    """
+    torch.set_num_threads(2)
+    mbs = 16
+    out: dict = {"batch": batch, "micro_batch": mbs, "model": QUICKSTART_MODEL.name, "envs": {}}
+    for (env_label, (env_id, options)), policy_name in itertools.product(ENVS.items(), ("gold", "random")):
+        label = f"{env_label}, {policy_name}"
+        try:
+            lengths = asyncio.run(episode_lengths(env_id, options, n_episodes, policy_name))
+        except Exception as exc:
+            out["envs"][label] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        rng = random.Random(0)
+        sample = [rng.choice(lengths) for _ in range(batch)]
+        real = sum(sample)
+        res: dict = {
+            "episodes": len(lengths),
+            "length_p50": statistics.median(lengths),
+            "length_min": min(lengths),
+            "length_max": max(lengths),
+            "padded_padding_fraction": 1 - real / padded_tokens(sample, mbs, False),
+            "sorted_padding_fraction": 1 - real / padded_tokens(sample, mbs, True),
+        }
+        res["sorted_compute_ratio"] = padded_tokens(sample, mbs, True) / padded_tokens(sample, mbs, False)
+        if timed:
+            res |= timed_steps(sample, mbs, repeats)
+        out["envs"][label] = res
+        print(label, json.dumps(res), flush=True)
+    return out
+
+
+def timed_steps(sample: list[int], mbs: int, repeats: int) -> dict:
+    """Learner step time, padded vs length-sorted, interleaved (a shared machine's load hits both alike)."""
+    cap = QUICKSTART_MODEL.max_sequence_length
+    capped = [min(n, cap) for n in sample]
+    real = sum(capped)
+    b = ragged_batch(capped, QUICKSTART_MODEL.vocab_size, seed=1)
+    learners, times = {}, {False: [], True: []}
+    for sort in (False, True):
+        learners[sort] = MegatronLearner(
+            LearnerConfig(
+                model=QUICKSTART_MODEL, micro_batch_size=mbs, router_replay=False,
+                length_sorted_micro_batches=sort,
+            )
+        )  # fmt: skip
+        learners[sort].train_step(b)  # warm-up
+    for _ in range(repeats):
+        for sort in (False, True):
+            started = time.perf_counter()
+            learners[sort].train_step(b)
+            times[sort].append(time.perf_counter() - started)
+    res = {"timed_cap": cap}
+    for sort in (False, True):
+        mode = "sorted" if sort else "padded"
+        res[f"{mode}_step_s"] = statistics.median(times[sort])
+        res[f"{mode}_useful_tokens_per_s"] = real / res[f"{mode}_step_s"]
+    res["sorted_speedup"] = res["padded_step_s"] / res["sorted_step_s"]
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cpu", action="store_true", help="the CPU part: padding on ragged batches")
+    ap.add_argument("--timed", action="store_true", help="CPU part: also time learner steps padded vs sorted")
+    ap.add_argument("--episodes", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    quiet_expected_warnings()
+    if args.cpu:
+        result = {"cpu": cpu_part(args.episodes, args.batch, args.repeats, args.timed)}
+        out = args.out or RESULTS / "gpu_learner_cpu_padding.json"
+        print_cpu_table(result["cpu"])
+    else:
+        if not torch.cuda.is_available():
+            print("gpu_learner: no CUDA device here, skipping the GPU part (run with --cpu for the CPU part)")
+            return
+        result = {"gpu": gpu_part(args.repeats)}
+        out = args.out or RESULTS / "gpu_learner.json"
+        print_gpu_table(result["gpu"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}")
+
+
+def print_cpu_table(res: dict) -> None:
+    print(f"\nbatch {res['batch']} episodes, micro-batch {res['micro_batch']}")
+    print(
+        f"{'env, policy':40} {'tokens p50 [min,max]':>22} {'padding: padded':>16} {'sorted':>8} {'compute sorted/padded':>22}"
+    )
+    for label, r in res["envs"].items():
+        if "error" in r:
+            print(f"{label:40} error: {r['error']}")
+            continue
+        span = f"{r['length_p50']:.0f} [{r['length_min']},{r['length_max']}]"
+        print(f"{label:40} {span:>22} {r['padded_padding_fraction']:>16.1%} {r['sorted_padding_fraction']:>8.1%} "
+              f"{r['sorted_compute_ratio']:>22.2f}")  # fmt: skip
+        if "sorted_speedup" in r:
+            print(f"{'':40} timed at <= {r['timed_cap']} tokens: useful tok/s padded "
+                  f"{r['padded_useful_tokens_per_s']:.0f}, sorted {r['sorted_useful_tokens_per_s']:.0f} "
+                  f"({r['sorted_speedup']:.2f}x)")  # fmt: skip
+
+
+def print_gpu_table(res: dict) -> None:
+    print(f"\n{res['device']}, bf16 peak {res['bf16_peak_tflops']} TFLOP/s")
+    for name, shape in res["shapes"].items():
+        print(f"\n{name}: B={shape['B']} T={shape['T']} micro-batch {shape['micro_batch']}")
+        for r in shape["rows"]:
+            if "error" in r:
+                print(f"  {r['path']:45} error: {r['error']}")
+                continue
+            mfu = "n/a" if r["mfu"] is None else f"{r['mfu']:.1%}"
+            print(f"  {r['path']:45} {r['tokens_per_s']:>10.0f} tok/s {r['model_tflops']:>7.1f} TFLOP/s "
+                  f"MFU {mfu:>6} peak {r['peak_mem_gib']:.1f} GiB  x{r.get('vs_bare_megatron', 0):.2f}")  # fmt: skip
+    for r in res["sampler"]:
+        print(
+            f"  {r['path']} batch {r['batch']} prompt {r['prompt']} +{r['new_tokens']}: {r['tokens_per_s']:.0f} tok/s"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""Every CUDA-dependent decision of model building, as small pure functions.
+
+Each function takes the machine's ``Capabilities`` (CUDA present, TransformerEngine
+importable, the ``grouped_gemm`` package importable) instead of probing it, so
+the CPU test suite checks every (CUDA, TE) combination with the capabilities
+faked; ``detect_capabilities()`` is the one place that probes.
+
+Decisions (CUDA, TE):
+
+=================  ======================  =====================================  ======================
+                   CPU                     CUDA, no TE                            CUDA + TE
+=================  ======================  =====================================  ======================
+layer spec         local                   local                                  TransformerEngine
+experts            SequentialMLP           SequentialMLP (GroupedMLP with the     TEGroupedMLP
+                                           ``grouped_gemm`` package)
+token dispatcher   allgather               alltoall                               alltoall
+process group      gloo                    nccl                                   nccl
+param dtype auto   fp32                    bf16                                   bf16
+optimizer          AdamW on the params     AdamW on fp32 master copies (bf16)     same
+RNG tracker        inference (no-op fork)  CUDA RNG states                        CUDA RNG states
+workarounds        all of cpu_compat       ``te_general_gemm`` binding            none
+=================  ======================  =====================================  ======================
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from labrl.errors import ConfigError
+
+# Host-side buffers (built on the CPU, then copied to the model's device once) name this device.
+HOST = torch.device("cpu")
+
+PrecisionChoice = Literal["auto", "fp32", "bf16"]
+DEVICE_PATTERN = r"^(auto|cpu|cuda(:\d+)?)$"
+
+# Workarounds of labrl.harness.models.cpu_compat, by name (the names ``workarounds`` returns).
+CPU_ONLY_WORKAROUNDS = (
+    "global_memory_buffer",
+    "rng_tracker",
+    "router_gating_device",
+    "kv_cache_allocation",
+    "rotary_embedding",
+)
+NO_TE_WORKAROUNDS = ("router_gating_gemm",)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    cuda: bool
+    transformer_engine: bool
+    grouped_gemm: bool = False  # fanshiqing/grouped_gemm: megatron-core's legacy GroupedMLP without TE
+
+
+def detect_capabilities() -> Capabilities:
+    return Capabilities(
+        cuda=torch.cuda.is_available(),
+        transformer_engine=_importable("transformer_engine.pytorch"),
+        grouped_gemm=_importable("grouped_gemm"),
+    )
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def resolve_device(requested: str, caps: Capabilities) -> torch.device:
+    """``auto`` -> ``cuda`` when CUDA is available, else ``cpu``; ``cuda[:N]`` without CUDA is an error."""
+    if not re.match(DEVICE_PATTERN, requested):
+        raise ConfigError(f"device={requested!r}: use auto, cpu, cuda or cuda:N")
+    if requested == "auto":
+        return torch.device("cuda" if caps.cuda else "cpu")
+    device = torch.device(requested)
+    if device.type == "cuda" and not caps.cuda:
+        raise ConfigError(f"device={requested!r} but CUDA is not available here: use device=auto or cpu")
+    return device
+
+
+def param_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """``auto``: bf16 on CUDA, fp32 on CPU; ``fp32`` / ``bf16`` are honoured as given."""
+    if precision == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        return {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
+    except KeyError:
+        raise ConfigError(f"precision={precision!r}: use auto, fp32 or bf16") from None
+
+
+def precision_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
+
+
+@dataclass(frozen=True)
+class SpecChoice:
+    """Which megatron-core layer spec and MoE kernels a model on ``device`` uses, and why."""
+
+    use_transformer_engine: bool
+    moe_grouped_gemm: bool
+    token_dispatcher: Literal["allgather", "alltoall"]
+    reason: str
+
+    @property
+    def name(self) -> str:
+        return "transformer_engine" if self.use_transformer_engine else "local"
+
+
+def layer_spec(device: torch.device, caps: Capabilities) -> SpecChoice:
+    if device.type != "cuda":
+        return SpecChoice(
+            False,
+            False,
+            "allgather",
+            "CPU: local spec; TransformerEngine kernels need CUDA, and the alltoall dispatcher "
+            "creates a CUDA stream",
+        )
+    if caps.transformer_engine:
+        return SpecChoice(
+            True, True, "alltoall", "CUDA with TransformerEngine: TE spec, TEGroupedMLP experts"
+        )
+    if caps.grouped_gemm:
+        return SpecChoice(
+            False,
+            True,
+            "alltoall",
+            "CUDA without TransformerEngine (pip install labrl[te] for the TE spec): local spec, "
+            "GroupedMLP experts from the grouped_gemm package",
+        )
+    return SpecChoice(
+        False,
+        False,
+        "alltoall",
+        "CUDA without TransformerEngine (pip install labrl[te] for the TE spec): local spec, "
+        "experts run one after another (SequentialMLP)",
+    )
+
+
+def process_group_backend(device: torch.device) -> Literal["gloo", "nccl"]:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def rng_tracker(device: torch.device) -> Literal["cuda", "inference"]:
+    """``cuda``: megatron's CUDA RNG states (``model_parallel_cuda_manual_seed``); ``inference``: no-op fork."""
+    return "cuda" if device.type == "cuda" else "inference"
+
+
+def optimizer_wrapper(dtype: torch.dtype) -> Literal["plain", "fp32_master"]:
+    """``fp32_master``: AdamW steps fp32 copies of low-precision parameters (``FP32MasterParams``)."""
+    return "plain" if dtype == torch.float32 else "fp32_master"
+
+
+def workarounds(device: torch.device, caps: Capabilities) -> tuple[str, ...]:
+    """Names of the ``cpu_compat`` patches a model on ``device`` needs."""
+    no_te = () if caps.transformer_engine else NO_TE_WORKAROUNDS
+    if device.type == "cuda":
+        return no_te
+    return CPU_ONLY_WORKAROUNDS + no_te

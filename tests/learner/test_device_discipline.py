@@ -1,0 +1,247 @@
+"""Device discipline, checked on CPU: what would break on CUDA shows up here.
+
+A ``TorchFunctionMode`` watches every torch call made *directly* from labrl's
+learner, local sampler, objectives, models and rollout code (the calling
+frame decides: megatron-core's and torch's own calls, e.g. AdamW's, are not
+ours to police). Torch function modes are per thread, so the sampler's forward
+threads enter the mode too:
+
+- a tensor factory (``zeros``, ``arange``, ``full``, ``tensor``, ``randint``,
+  ...) must name its ``device`` explicitly, equal to the model's device or the
+  deliberate host marker ``labrl.harness.models.device.HOST`` (host-side
+  buffers that are copied to the device once). On a CPU machine a forgotten
+  ``device=`` is harmless, which is why the rule is "explicit", not "equal":
+  on CUDA the same call builds a CPU tensor and the forward fails with
+  "Expected all tensors to be on the same device".
+- host-device copies (``.cpu()``, ``.to()``, ``.item()``, ``int()``,
+  ``.tolist()``, ``.numpy()``, ...) on tensors that are not known host tensors
+  are counted. Host tensors: results of such a copy, factories with
+  ``device=HOST``, the collated ``TrainBatch`` (built on the host by
+  ``labrl.harness.batching``, the intended pattern) and whatever is computed
+  only from host tensors. The sampler may copy at most 3 times per forward
+  (logits down, fed tokens up, routing down) whatever the batch size; the
+  learner a bounded number of times per train step, not once per parameter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import weakref
+
+import pytest
+import torch
+import torch.utils._pytree
+from torch.overrides import TorchFunctionMode
+
+from labrl.harness.batching import collate
+from labrl.harness.learners import LearnerConfig, MegatronLearner
+from labrl.harness.models import get_preset
+from labrl.harness.samplers import LocalSampler, LocalSamplerConfig
+from labrl.harness.types import GenerateRequest, SamplingParams, Trajectory
+
+try:  # the host marker; absent before device discipline existed
+    from labrl.harness.models.device import HOST
+except ImportError:  # pragma: no cover - lets this test report violations on old code
+    HOST = object()
+
+WATCHED = (
+    "labrl.harness.learners",
+    "labrl.harness.samplers.local",
+    "labrl.harness.objectives",
+    "labrl.harness.models",
+    "labrl.harness.rollout",
+)
+FACTORIES = {
+    "zeros", "ones", "full", "empty", "arange", "tensor", "as_tensor", "randint", "rand", "randn",
+    "randperm", "linspace", "eye", "from_numpy", "empty_strided", "scalar_tensor",
+}  # fmt: skip
+COPIES = {"cpu", "cuda", "to", "item", "tolist", "numpy", "__int__", "__float__", "__bool__", "__index__"}
+# 2 MoE layers of 8 experts: > 30 parameter tensors, few enough torch calls to audit every one quickly
+TINY = get_preset("tiny-moe").model_copy(
+    update={"num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 128, "moe_ffn_hidden_size": 64}
+)
+
+
+# torch's thin Python wrappers around tensor methods and functions: their caller made the call
+WRAPPERS = (
+    "torch._tensor",
+    "torch.functional",
+    "torch.overrides",
+    "torch.utils._device",
+    "torch._jit_internal",
+)
+
+
+def _caller_module() -> tuple[str, str]:
+    """The module that made this torch call: torch's own calls (an optimizer's, a loss's) are not ours."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if not (name.startswith(WRAPPERS) or name == __name__):
+            return name, f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "", ""
+
+
+class DeviceAudit(TorchFunctionMode):
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.device = device
+        self._host: dict[int, weakref.ref] = {}  # id -> tensor (tensors compare elementwise: no set)
+        self.violations: list[str] = []
+        self.copies: dict[str, int] = {}
+        self.copy_sites: dict[str, int] = {}  # "file:line method" -> count, for the failure message
+
+    def mark_host(self, *tensors) -> None:
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                self._host[id(t)] = weakref.ref(t)
+
+    def is_host(self, t: torch.Tensor) -> bool:
+        ref = self._host.get(id(t))
+        return ref is not None and ref() is t
+
+    def copies_from(self, prefix: str) -> int:
+        return sum(n for module, n in self.copies.items() if module.startswith(prefix))
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        module, where = _caller_module()
+        watched = module.startswith(WATCHED)
+        out = func(*args, **kwargs)
+        leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+        tensors = [a for a in leaves if isinstance(a, torch.Tensor)]
+        all_host = bool(tensors) and all(self.is_host(t) for t in tensors)
+        if watched and name in FACTORIES:
+            device = kwargs.get("device")
+            if name == "from_numpy" or device is None:
+                self.violations.append(f"{where} torch.{name} without device=")
+            elif device is HOST:
+                self.mark_host(out)
+            elif torch.device(device) != self.device:
+                self.violations.append(f"{where} torch.{name}(device={device}) != model {self.device}")
+        elif watched and name in COPIES:
+            downloads_host = all_host and name != "to" and name != "cuda"
+            if not downloads_host:
+                self.copies[module] = self.copies.get(module, 0) + 1
+                self.copy_sites[f"{where} {name}"] = self.copy_sites.get(f"{where} {name}", 0) + 1
+            if name in ("cpu", "numpy") or (name == "to" and _to_host(args, kwargs)):
+                self.mark_host(out)
+        elif all_host:
+            for t in out if isinstance(out, tuple | list) else (out,):
+                self.mark_host(t)
+        return out
+
+
+def _to_host(args, kwargs) -> bool:
+    target = kwargs.get("device", args[1] if len(args) > 1 else None)
+    return isinstance(target, str | torch.device) and torch.device(target).type == "cpu"
+
+
+def _audit_worker_threads(monkeypatch, audit: DeviceAudit) -> None:
+    """Torch function modes are per thread: enter ``audit`` in the sampler's forward threads too."""
+    real = asyncio.to_thread
+
+    async def to_thread(fn, /, *args, **kwargs):
+        def run():
+            with audit:
+                return fn(*args, **kwargs)
+
+        return await real(run)
+
+    monkeypatch.setattr(asyncio, "to_thread", to_thread)
+
+
+def _requests(n: int) -> list[GenerateRequest]:
+    gen = torch.Generator().manual_seed(0)
+    return [
+        GenerateRequest(
+            rid=f"r{i}",
+            input_ids=tuple(torch.randint(0, 256, (10 + 3 * i,), generator=gen).tolist()),
+            sampling=SamplingParams(max_new_tokens=6, seed=i),
+            return_routed_experts=True,
+        )
+        for i in range(n)
+    ]
+
+
+def _trajectories(reqs, results) -> list[Trajectory]:
+    out = []
+    for i, (r, o) in enumerate(zip(reqs, results, strict=True)):
+        n = len(r.input_ids)
+        out.append(
+            Trajectory(
+                env_id="test/fixture-v0",
+                task_id=r.rid,
+                group_id=f"g{i // 2}",
+                tokens_T=[*r.input_ids, *o.output_ids],
+                loss_mask_T=[0] * n + [1] * len(o.output_ids),
+                logprobs_T=[0.0] * n + o.logprobs_T,
+                versions_T=[-1] * n + o.versions_T,
+                reward=float(i % 2),
+                outcome="ok",
+                finish_reason=o.finish_reason,
+                num_turns=1,
+                routed_experts_T_L_K=o.routed_experts_T_L_K,
+            )
+        )
+    return out
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+@pytest.fixture(scope="module")
+def learner() -> MegatronLearner:
+    return MegatronLearner(LearnerConfig(model=TINY, micro_batch_size=2))
+
+
+@pytest.mark.parametrize("scheduling", ["continuous", "waves"])
+def test_sampler_and_learner_keep_to_the_model_device(learner, scheduling, monkeypatch):
+    sampler = LocalSampler(
+        TINY, LocalSamplerConfig(scheduling=scheduling), weights=learner.export_weights(), version=0
+    )
+    reqs = _requests(4)
+    audit = DeviceAudit(_model_device(sampler.model))
+    steps_before, batches_before = sampler.decode_steps, sampler.stats["batches"]
+    merges_before = sampler.stats.get("cache_merges", 0)
+    _audit_worker_threads(monkeypatch, audit)
+    with audit:
+        results = asyncio.run(sampler.generate(reqs))
+    admissions = sampler.stats["batches"] - batches_before
+    caches = admissions + sampler.stats.get("cache_merges", 0) - merges_before
+    forwards = sampler.decode_steps - steps_before + admissions
+    sampler_copies = audit.copies_from("labrl.harness.samplers")
+    assert all(r.routed_experts_T_L_K is not None for r in results)
+    assert not audit.violations, (
+        f"{len(audit.violations)} factory calls off the model device: {audit.violations[:8]}"
+    )
+    # per forward: tokens up, logits down, routing down; per new cache: its mask or row starts up;
+    # never once per row
+    assert forwards > 4 and sampler_copies <= 3 * forwards + 2 * caches, (
+        sampler_copies,
+        forwards,
+        audit.copy_sites,
+    )
+
+    if scheduling == "waves":
+        return  # the learner's part needs one sampled batch, not one per scheduling
+    batch = collate(_trajectories(reqs, results), pad_token_id=0)
+    plain = batch.__class__(**{**batch.__dict__, "routed_experts_B_T_L_K": None})
+    n_params = len(list(learner.model.parameters()))
+    for b, replayed in ((plain, False), (batch, True)):
+        audit = DeviceAudit(_model_device(learner.model))
+        audit.mark_host(*(v for v in b.__dict__.values() if isinstance(v, torch.Tensor)))
+        with audit:
+            metrics = learner.train_step(b)
+        assert metrics["learner/router_replay"] == float(replayed)
+        assert not audit.violations, (
+            f"{len(audit.violations)} factory calls off the model device: {audit.violations[:8]}"
+        )
+        # the batch is uploaded once (one copy per field) and the grad norm read once, not per parameter
+        learner_copies = audit.copies_from("labrl.harness.learners")
+        learner_sites = {k: v for k, v in audit.copy_sites.items() if k.startswith("megatron.py")}
+        assert n_params > 30 and learner_copies <= 16, (learner_copies, learner_sites)
