@@ -21,14 +21,37 @@ B = (A⁻¹)ᵀ (crystallographic, no 2π):
    The phase factor is separable, exp(2πi(hx+ky+lz)) = X_h Y_k Z_l, so it is
    built from three small per-axis tables by two complex products instead of
    one complex exponential per (reflection, site).
-5. Intensity I = 2 |F|² Lp(θ), with the Lorentz–polarisation factor
-   Lp = (1 + cos² 2θ) / (sin² θ cos θ).
+   Optional physics (all off by default: then the result equals pymatgen's):
+
+   - anomalous dispersion, f_e → f_e(s) + f′_e + i f″_e at the tabulated
+     anode line nearest λ (``anomalous``, see ``labrl.verifiers.xrd.anomalous``);
+   - an isotropic Debye–Waller factor per site, exp(−B_n s²), with B_n in Å²
+     (``site_b``, shape (N,)); it multiplies each site's phase factor.
+
+5. Intensity. Both Friedel mates are summed explicitly: with real
+   occupancies the site sums of −g are the complex conjugates of those of g,
+   so with S_e(g) = Σ_n o_{n,e} exp(2πi hkl·r_n)::
+
+       I(g) = (|Σ_e f_e S_e|² + |Σ_e f_e S_e*|²) · Lp(θ)
+
+   which is 2|F|² Lp when the f_e are real (no anomalous term). The
+   Lorentz–polarisation factor without a monochromator (pymatgen's) is
+   Lp = (1 + cos² 2θ) / (sin² θ cos θ); with a monochromator crystal at
+   Bragg angle 2θ_m (``monochromator_two_theta``, degrees) the polarisation
+   term becomes::
+
+       P = 2 (1 + cos² 2θ_m cos² 2θ) / (1 + cos² 2θ_m)
+
+   (normalised so that 2θ_m = 0 gives the unpolarised 1 + cos² 2θ again).
 6. Merging: reflections whose 2θ round to the same multiple of 1e-5° are summed
    and placed at the lowest 2θ of the group (pymatgen's TWO_THETA_TOL); peaks
    at or below 1e-3 % of the strongest are dropped (SCALED_INTENSITY_TOL).
 
 No hkl families are built (pymatgen spends most of its time there); that is
-the main reason this is faster. ``reflections`` returns the unmerged list
+the main reason this is faster. Memory is bounded whatever the cell: the hkl
+box is scanned one h-slab at a time and structure factors are summed over
+chunks of at most ``CHUNK_ELEMENTS`` (reflection, site) pairs, so a 576-atom
+cell with Mo Kα needs tens of MB, not tens of GB. ``reflections`` returns the unmerged list
 with Miller indices and reciprocal vectors, which preferred-orientation
 corrections need.
 """
@@ -40,12 +63,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from labrl.errors import ConfigError
+from labrl.verifiers.xrd.anomalous import dispersion
 from labrl.verifiers.xrd.library import Phase
 from labrl.verifiers.xrd.scattering import CU_KA, scattering_table
 
 TWO_THETA_TOL = 1e-5  # degrees, pymatgen AbstractDiffractionPatternCalculator.TWO_THETA_TOL
 SCALED_INTENSITY_TOL = 1e-3  # percent of the strongest peak, pymatgen SCALED_INTENSITY_TOL
 _SF_CONSTANT = 41.78214  # the constant in pymatgen's f(s)
+#: (reflection, site) pairs per structure-factor chunk: 2**18 complex = 4 MB per temporary
+CHUNK_ELEMENTS = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -69,20 +96,49 @@ class StickPattern:
         return self.intensity / self.intensity.max() * 100.0
 
 
-def _hkl_box(recip: np.ndarray, lattice: np.ndarray, g_max: float) -> np.ndarray:
-    """Integer hkl with |g| ≤ g_max in the Friedel half-space: (M, 3)."""
+def _hkl_in_sphere(recip: np.ndarray, lattice: np.ndarray, g_min: float, g_max: float) -> np.ndarray:
+    """Integer hkl with g_min ≤ |g| ≤ g_max in the Friedel half-space: (M, 3).
+
+    The box |h| ≤ g_max·|a| (likewise k, l) is scanned one h-slab at a time,
+    so the temporary is one slab, not the whole box. The order is that of a
+    full h-major box (h, then k, then l ascending).
+    """
     bounds = np.floor(g_max * np.linalg.norm(lattice, axis=1) + 1e-9).astype(int)
-    h = np.arange(0, bounds[0] + 1)
     k = np.arange(-bounds[1], bounds[1] + 1)
     ell = np.arange(-bounds[2], bounds[2] + 1)
-    hh, kk, ll = np.meshgrid(h, k, ell, indexing="ij")
-    hkl = np.stack([hh.ravel(), kk.ravel(), ll.ravel()], axis=1)  # (Mbox, 3)
-    half = (
-        (hkl[:, 0] > 0)
-        | ((hkl[:, 0] == 0) & (hkl[:, 1] > 0))
-        | ((hkl[:, 0] == 0) & (hkl[:, 1] == 0) & (hkl[:, 2] > 0))
+    kk, ll = np.meshgrid(k, ell, indexing="ij")
+    kl = np.stack([kk.ravel(), ll.ravel()], axis=1)  # (K·L, 2)
+    kl_cart = kl @ recip[1:]  # (K·L, 3)
+    upper = (kl[:, 0] > 0) | ((kl[:, 0] == 0) & (kl[:, 1] > 0))  # the half-plane kept at h = 0
+    parts = []
+    for h in range(bounds[0] + 1):
+        g_cart = kl_cart + h * recip[0]
+        g2 = np.einsum("ij,ij->i", g_cart, g_cart)
+        keep = (g2 <= g_max * g_max * (1 + 1e-12)) & (g2 >= g_min * g_min * (1 - 1e-12))
+        if h == 0:
+            keep &= upper
+        rows = kl[keep]
+        parts.append(np.column_stack([np.full(len(rows), h), rows]))
+    return np.concatenate(parts) if parts else np.zeros((0, 3), dtype=int)
+
+
+def lorentz_polarization(theta: np.ndarray, monochromator_two_theta: float | None = None) -> np.ndarray:
+    """Lp(θ) (see the module docstring); θ in radians, 2θ_m in degrees or None."""
+    cos2t2 = np.cos(2.0 * theta) ** 2
+    if monochromator_two_theta is None:
+        polarization = 1.0 + cos2t2
+    else:
+        cm2 = math.cos(math.radians(monochromator_two_theta)) ** 2
+        polarization = 2.0 * (1.0 + cm2 * cos2t2) / (1.0 + cm2)
+    return polarization / (np.sin(theta) ** 2 * np.cos(theta))
+
+
+def _scattering_factors(elements: tuple[str, ...], s2: np.ndarray) -> np.ndarray:
+    """f_e(s) (M, E) from the 4-term fit (module docstring, step 3)."""
+    z, coeff = scattering_table().coefficients(list(elements))  # (E,), (E, 4, 2)
+    return z[None, :] - _SF_CONSTANT * s2[:, None] * np.einsum(
+        "ei,mei->me", coeff[:, :, 0], np.exp(-coeff[None, :, :, 1] * s2[:, None, None])
     )
-    return hkl[half]
 
 
 def reflections(
@@ -92,12 +148,20 @@ def reflections(
     two_theta_range: tuple[float, float] = (0.0, 90.0),
     debye_waller: dict[str, float] | None = None,
     lattice_scale: float = 1.0,
+    site_b: np.ndarray | None = None,
+    anomalous: bool = False,
+    monochromator_two_theta: float | None = None,
 ) -> Reflections:
-    """All reflections of ``phase`` in ``two_theta_range`` (see the module docstring)."""
+    """All reflections of ``phase`` in ``two_theta_range`` (see the module docstring).
+
+    ``debye_waller`` gives B (Å²) per element, ``site_b`` per site (N,); both
+    may be given and multiply. ``anomalous`` adds f′ + i f″ at the anode line
+    nearest ``wavelength``.
+    """
     lattice = phase.lattice * lattice_scale  # (3, 3)
     recip = np.linalg.inv(lattice).T  # (3, 3) rows b1, b2, b3
     g_min, g_max = (2.0 * math.sin(math.radians(t / 2.0)) / wavelength for t in two_theta_range)
-    hkl = _hkl_box(recip, lattice, g_max)  # (M, 3)
+    hkl = _hkl_in_sphere(recip, lattice, g_min, g_max)  # (M, 3)
     g_cart = hkl @ recip  # (M, 3)
     g = np.sqrt(np.einsum("ij,ij->i", g_cart, g_cart))  # (M,)
     keep = (g <= g_max) & (g >= g_min)
@@ -107,16 +171,12 @@ def reflections(
 
     theta = np.arcsin(np.clip(wavelength * g / 2.0, -1.0, 1.0))  # (M,)
     s2 = (g / 2.0) ** 2  # (M,)
-
-    table = scattering_table()
-    z, coeff = table.coefficients(list(phase.elements))  # (E,), (E, 4, 2)
-    # f_e(s) for every reflection and element: (M, E)
-    f = z[None, :] - _SF_CONSTANT * s2[:, None] * np.einsum(
-        "ei,mei->me", coeff[:, :, 0], np.exp(-coeff[None, :, :, 1] * s2[:, None, None])
-    )
-    if debye_waller:
-        b = np.array([debye_waller.get(el, 0.0) for el in phase.elements])  # (E,)
-        f = f * np.exp(-b[None, :] * s2[:, None])
+    if site_b is not None and len(site_b) != len(phase.frac_coords):
+        raise ConfigError(f"site_b has {len(site_b)} values for {len(phase.frac_coords)} sites of {phase.id}")
+    element_b = (
+        np.array([debye_waller.get(el, 0.0) for el in phase.elements]) if debye_waller else None
+    )  # (E,)
+    f_anom = dispersion(phase.elements, wavelength) if anomalous else None  # (E,) complex
 
     frac = phase.frac_coords  # (N, 3)
     # per-axis phase tables exp(2πi n x) for n in [-nmax, nmax]: (2 nmax + 1, N) each
@@ -124,14 +184,30 @@ def reflections(
     n = np.arange(-nmax, nmax + 1)[:, None]
     tables = [np.exp(2j * math.pi * n * frac[None, :, axis]) for axis in range(3)]
     idx = hkl + nmax  # (M, 3)
-    phase_factor = tables[0][idx[:, 0]] * tables[1][idx[:, 1]] * tables[2][idx[:, 2]]  # (M, N)
-    site_sums = phase_factor @ phase.occupancy  # (M, E)
-    structure_factor = np.einsum("me,me->m", f, site_sums)  # (M,)
+    intensity_f = np.empty(len(hkl))
+    chunk = max(1, CHUNK_ELEMENTS // max(len(frac), 1))
+    for a in range(0, len(hkl), chunk):
+        rows = slice(a, a + chunk)
+        f = _scattering_factors(phase.elements, s2[rows])  # (C, E)
+        if element_b is not None:
+            f = f * np.exp(-element_b[None, :] * s2[rows, None])
+        ix = idx[rows]
+        phase_factor = tables[0][ix[:, 0]] * tables[1][ix[:, 1]] * tables[2][ix[:, 2]]  # (C, N)
+        if site_b is not None:
+            phase_factor *= np.exp(-np.asarray(site_b)[None, :] * s2[rows, None])
+        site_sums = phase_factor @ phase.occupancy  # (C, E)
+        if f_anom is None:
+            structure_factor = np.einsum("me,me->m", f, site_sums)  # (C,)
+            intensity_f[rows] = 2.0 * (structure_factor.real**2 + structure_factor.imag**2)
+        else:
+            fc = f + f_anom[None, :]  # (C, E) complex
+            plus = np.einsum("me,me->m", fc, site_sums)  # F(g)
+            minus = np.einsum("me,me->m", fc, site_sums.conj())  # F(−g)
+            intensity_f[rows] = plus.real**2 + plus.imag**2 + minus.real**2 + minus.imag**2
 
-    intensity_f = structure_factor.real**2 + structure_factor.imag**2
-    lorentz = (1.0 + np.cos(2.0 * theta) ** 2) / (np.sin(theta) ** 2 * np.cos(theta))
+    lorentz = lorentz_polarization(theta, monochromator_two_theta)
     return Reflections(
-        hkl=hkl, g_cart=g_cart, two_theta=np.degrees(2.0 * theta), intensity=2.0 * intensity_f * lorentz
+        hkl=hkl, g_cart=g_cart, two_theta=np.degrees(2.0 * theta), intensity=intensity_f * lorentz
     )
 
 
@@ -154,13 +230,19 @@ def stick_pattern(
     two_theta_range: tuple[float, float] = (0.0, 90.0),
     debye_waller: dict[str, float] | None = None,
     lattice_scale: float = 1.0,
+    site_b: np.ndarray | None = None,
+    anomalous: bool = False,
+    monochromator_two_theta: float | None = None,
 ) -> StickPattern:
-    """The merged stick pattern, equal to ``XRDCalculator(wavelength).get_pattern(structure)``."""
+    """The merged stick pattern; with the defaults equal to ``XRDCalculator(wavelength).get_pattern``."""
     refl = reflections(
         phase,
         wavelength=wavelength,
         two_theta_range=two_theta_range,
         debye_waller=debye_waller,
         lattice_scale=lattice_scale,
+        site_b=site_b,
+        anomalous=anomalous,
+        monochromator_two_theta=monochromator_two_theta,
     )
     return merge(refl.two_theta, refl.intensity)
