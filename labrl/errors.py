@@ -135,3 +135,7 @@ __all__ = [
     "TransientEnvError",
     "VerifierError",
 ]
+
+
+class StructureFileError(ConfigError):
+    """A crystal-structure file (CIF) that cannot be read or fails validation."""

@@ -2,8 +2,16 @@
 
 Run once, offline, after upgrading pymatgen or ASE::
 
-    python -m labrl.verifiers.xrd.build_library            # rewrites data/phases.json
+    python -m labrl.verifiers.xrd.build_library            # rewrites data/phases.json (v0)
     python -m labrl.verifiers.xrd.build_library --check    # exit 1 if the file is stale
+    python -m labrl.verifiers.xrd.build_library --version v1   # data/phases_v1.json
+
+The v1 library (see ``build_library_v1`` and docs/xrd-library.md) puts the
+curated common phases of ``data/common_phases.json`` and the COD CIFs shipped
+in ASE first, keeps mixed-valence and partially occupied sites (occupancies of
+one element summed over its oxidation states), marks every entry experimental
+or hypothetical with its citation, and ids phases ``formula_sg_pearson``.
+v0 (below) is frozen: its file is what ``xrd/phase-id-v0`` tasks were built on.
 
 Sources, all shipped inside installed wheels (no downloads):
 
@@ -35,8 +43,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 LIBRARY_PATH = Path(__file__).with_name("data") / "phases.json"
 LIBRARY_VERSION = 1
+LIBRARY_V1_PATH = Path(__file__).with_name("data") / "phases_v1.json"
+COMMON_PHASES_PATH = Path(__file__).with_name("data") / "common_phases.json"
+LIBRARY_V1_VERSION = 2
 _SYMPREC = 0.01
 _MAX_SUB_SITES = 8
 
@@ -199,22 +212,280 @@ def build_library() -> dict[str, Any]:
     }
 
 
+# -- v1 ------------------------------------------------------------------------------------------
+
+_FAMILY_LETTER = {
+    "triclinic": "a",
+    "monoclinic": "m",
+    "orthorhombic": "o",
+    "tetragonal": "t",
+    "trigonal": "h",
+    "hexagonal": "h",
+    "cubic": "c",
+}
+_MIN_DISTANCE = 0.9  # Å: closer atoms mean a wrong setting or coordinate in a curated entry
+
+
+def pearson_symbol(structure: Any, sga: Any | None = None) -> str:
+    """Pearson symbol, e.g. ``cF8`` (diamond Si), ``hR10`` (corundum), ``cF136`` (Si clathrate).
+
+    Crystal family letter, centring letter (A/B/C written C; rhombohedral R),
+    then the number of sites of the conventional cell (of the rhombohedral
+    primitive cell for R lattices), a disordered site counting once.
+    """
+    from pymatgen.symmetry.analyzer import SpacegroupAnalyzer
+
+    sga = sga or SpacegroupAnalyzer(structure, symprec=_SYMPREC)
+    symbol = sga.get_space_group_symbol()
+    centring = symbol[0] if symbol[0] in "PIFR" else "C"
+    n = len(sga.get_conventional_standard_structure())
+    if centring == "R":
+        n //= 3
+    return f"{_FAMILY_LETTER[sga.get_crystal_system()]}{centring}{n}"
+
+
+def phase_record_v1(
+    structure: Any,
+    *,
+    source: str,
+    experimental: bool,
+    citation: str,
+    name: str = "",
+    tags: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A v1 library record. Species of one element on a site (Fe2+ and Fe3+) are summed, not dropped.
+
+    Raises ``ConfigError`` for elements without scattering coefficients.
+    """
+    from pymatgen.symmetry.analyzer import SpacegroupAnalyzer
+
+    from labrl.errors import ConfigError
+    from labrl.verifiers.xrd.scattering import scattering_table
+
+    table = scattering_table()
+    sites = []
+    for site in structure:
+        species: dict[str, float] = {}
+        for sp, occ in site.species.items():
+            species[sp.symbol] = species.get(sp.symbol, 0.0) + float(occ)
+        sites.append({"species": species, "frac": site.frac_coords.tolist()})
+    elements = sorted({el for s in sites for el in s["species"]})
+    missing = [el for el in elements if el not in table.params]
+    if missing:
+        raise ConfigError(f"no X-ray scattering coefficients for {missing}")
+    sga = SpacegroupAnalyzer(structure, symprec=_SYMPREC)
+    comp = structure.composition.element_composition
+    reduced, _factor = comp.get_reduced_composition_and_factor()
+    formula = comp.reduced_formula
+    number = int(sga.get_space_group_number())
+    m = structure.lattice.matrix
+    return {
+        "id": f"{formula}_{number}_{pearson_symbol(structure, sga)}",
+        "name": name,
+        "formula": formula,
+        "composition": {el.symbol: float(amt) for el, amt in reduced.items()},
+        "elements": elements,
+        "spacegroup_symbol": sga.get_space_group_symbol(),
+        "spacegroup_number": number,
+        "crystal_system": sga.get_crystal_system(),
+        "lattice": m.tolist(),
+        "abc": [round(x, 6) for x in structure.lattice.abc],
+        "angles": [round(x, 6) for x in structure.lattice.angles],
+        "sites": sites,
+        "source": source,
+        "experimental": bool(experimental),
+        "citation": citation,
+        "tags": tags or {},
+        "cell_mass": sum(table.mass[el] * occ for s in sites for el, occ in s["species"].items()),
+        "volume": float(structure.lattice.volume),
+    }
+
+
+def curated_structure(entry: dict[str, Any]) -> Any:
+    """The full cell of one ``common_phases.json`` entry, checked against its declared atom count."""
+    from pymatgen.core import Lattice, Structure
+    from pymatgen.symmetry.groups import SpaceGroup
+
+    system = SpaceGroup(entry["spacegroup"]).crystal_system
+    par = entry["lattice"]
+    a = par["a"]
+    hexagonal = system in ("hexagonal", "trigonal")
+    lattice = Lattice.from_parameters(
+        a,
+        par.get("b", a),
+        par.get("c", a),
+        par.get("alpha", 90.0),
+        par.get("beta", 90.0),
+        par.get("gamma", 120.0 if hexagonal else 90.0),
+    )
+    shift = entry.get("origin_shift", [0.0, 0.0, 0.0])
+    species = [site[0] for site in entry["sites"]]
+    coords = [[x + d for x, d in zip(site[1], shift, strict=True)] for site in entry["sites"]]
+    structure = Structure.from_spacegroup(entry["spacegroup"], lattice, species, coords, tol=1e-3)
+    if len(structure) != entry["n_atoms"]:
+        raise ValueError(f"{entry['name']}: {len(structure)} atoms in the cell, expected {entry['n_atoms']}")
+    if structure.composition.reduced_formula != structure.composition.from_dict(
+        {k: v for k, v in _parse(entry["formula"]).items()}
+    ).reduced_formula:
+        raise ValueError(f"{entry['name']}: built {structure.composition.reduced_formula}, not {entry['formula']}")
+    dist = structure.distance_matrix + np.eye(len(structure)) * 99.0
+    if dist.min() < _MIN_DISTANCE:
+        raise ValueError(f"{entry['name']}: two atoms {dist.min():.3f} Å apart")
+    return structure
+
+
+def _parse(formula: str) -> dict[str, float]:
+    from labrl.verifiers.xrd.formula import parse_formula
+
+    return {el: float(n) for el, n in parse_formula(formula).items()}
+
+
+def _curated() -> list[dict[str, Any]]:
+    entries = json.loads(COMMON_PHASES_PATH.read_text())["phases"]
+    return [
+        phase_record_v1(
+            curated_structure(e),
+            source="curated",
+            experimental=e["experimental"],
+            citation=e["citation"],
+            name=e["name"],
+        )
+        for e in entries
+    ]
+
+
+def _cif_citation(block: dict[str, Any]) -> str:
+    """'Authors, Journal Volume, Page (Year)' from a CIF block's _publ/_journal items."""
+    authors = block.get("_publ_author_name") or []
+    authors = [authors] if isinstance(authors, str) else list(authors)
+    who = ", ".join(a.strip("'") for a in authors[:4]) + (" et al." if len(authors) > 4 else "")
+    journal = str(block.get("_journal_name_full", "")).strip("'")
+    vol, page, year = (block.get(k, "") for k in ("_journal_volume", "_journal_page_first", "_journal_year"))
+    return f"{who}, {journal} {vol}, {page} ({year})".strip(", ")
+
+
+def _ase_cifs() -> list[dict[str, Any]]:
+    """The COD mineral CIFs shipped in ASE's wheel (``ase/test/testdata/minerals``)."""
+    import ase
+    from pymatgen.io.cif import CifParser
+
+    folder = Path(ase.__file__).parent / "test" / "testdata" / "minerals"
+    out = []
+    for path in sorted(folder.glob("cod_*.cif")):
+        parser = CifParser(path)
+        block = next(iter(parser.as_dict().values()))
+        structure = parser.parse_structures(primitive=False)[0]
+        mineral = str(block.get("_chemical_name_mineral", "")).strip("'")
+        cite = f"{_cif_citation(block)}; COD {path.stem[4:]}, CIF shipped in ase {ase.__version__}"
+        out.append(
+            phase_record_v1(
+                structure, source="ase-cif", experimental=True, citation=cite, name=mineral.lower()
+            )
+        )
+    return out
+
+
+def _v0_as_v1(record: dict[str, Any]) -> dict[str, Any]:
+    """A v0 record (aflow, ase, substitution) rebuilt with v1 ids, flags and citations."""
+    from pymatgen.core import Lattice, Structure
+
+    structure = Structure(
+        Lattice(record["lattice"]), [s["species"] for s in record["sites"]], [s["frac"] for s in record["sites"]]
+    )
+    source, tags = record["source"], record["tags"]
+    if source == "aflow":
+        citation = (
+            f"AFLOW Library of Crystallographic Prototypes, prototype {tags.get('aflow')} "
+            "(M. J. Mehl et al., Comput. Mater. Sci. 136, S1 (2017)), as shipped in pymatgen"
+        )
+    elif source == "ase":
+        citation = "ASE reference state (ase.data.reference_states: room-temperature lattice constant)"
+    else:
+        citation = (
+            f"hypothetical: {tags['parent']} with {tags['substitution']}, lattice scaled by "
+            f"{tags['lattice_scale']} (ratio of summed atomic radii)"
+        )
+    return phase_record_v1(
+        structure, source=source, experimental=source != "substitution", citation=citation, tags=tags
+    )
+
+
+def merge_unique(records: list[dict[str, Any]], existing: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """``existing`` + the records not matching any earlier one (pymatgen ``StructureMatcher``).
+
+    Only records of equal reduced composition are compared. Distinct phases
+    with equal ids (same formula, space group and Pearson symbol) get ``-b``,
+    ``-c``, ... appended.
+    """
+    from pymatgen.analysis.structure_matcher import StructureMatcher
+    from pymatgen.core import Lattice, Structure
+
+    matcher = StructureMatcher()
+    kept = list(existing or [])
+    by_formula: dict[str, list[tuple[dict[str, Any], Any]]] = {}
+
+    def structure_of(r: dict[str, Any]) -> Any:
+        return Structure(
+            Lattice(r["lattice"]), [s["species"] for s in r["sites"]], [s["frac"] for s in r["sites"]]
+        )
+
+    for r in kept:
+        by_formula.setdefault(r["formula"], []).append((r, structure_of(r)))
+    ids = {r["id"] for r in kept}
+    for r in records:
+        s = structure_of(r)
+        if any(matcher.fit(s, other) for _, other in by_formula.get(r["formula"], [])):
+            continue
+        base, suffix = r["id"], iter("bcdefghijklmnopqrstuvwxyz")
+        while r["id"] in ids:
+            r = {**r, "id": f"{base}-{next(suffix)}"}
+        ids.add(r["id"])
+        kept.append(r)
+        by_formula.setdefault(r["formula"], []).append((r, s))
+    return kept
+
+
+def build_library_v1() -> dict[str, Any]:
+    """The v1 library: curated, then ASE's COD CIFs, then the v0 sources (deduplicated in that order)."""
+    v0 = build_library()["phases"]
+    first = merge_unique([*_curated(), *_ase_cifs()])
+    # a prototype with the id (formula, space group, Pearson symbol) of a cited entry is the same
+    # compound in another (here: mis-set) description, e.g. AFLOW's anatase and tenorite, whose
+    # patterns do not match the measured ones: the cited entry supersedes it
+    cited = {r["id"] for r in first}
+    rest = [r for r in (_v0_as_v1(r) for r in v0) if r["id"] not in cited]
+    records = merge_unique(rest, existing=first)
+    import ase
+    import pymatgen.core
+
+    return {
+        "version": LIBRARY_V1_VERSION,
+        "generated_with": {"pymatgen": pymatgen.core.__version__, "ase": ase.__version__},
+        "license_note": "curated entries: published experimental data (citation per entry); COD CIFs (CC0) "
+        "shipped in ASE; AFLOW prototypes (MIT) shipped in pymatgen",
+        "phases": records,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--check", action="store_true", help="exit 1 if the shipped library differs from a rebuild"
     )
+    parser.add_argument("--version", choices=("v0", "v1"), default="v0", help="which library file to build")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", message="No Pauling electronegativity")
-    text = json.dumps(build_library(), indent=None, separators=(",", ":"), sort_keys=True)
+    warnings.filterwarnings("ignore", message=".*fractional coordinates rounded.*")
+    built, path = (build_library(), LIBRARY_PATH) if args.version == "v0" else (build_library_v1(), LIBRARY_V1_PATH)
+    text = json.dumps(built, indent=None, separators=(",", ":"), sort_keys=True)
     if args.check:
-        same = LIBRARY_PATH.exists() and LIBRARY_PATH.read_text() == text
-        print("up to date" if same else f"{LIBRARY_PATH} is stale: rerun without --check")
+        same = path.exists() and path.read_text() == text
+        print("up to date" if same else f"{path} is stale: rerun without --check")
         return 0 if same else 1
-    LIBRARY_PATH.parent.mkdir(parents=True, exist_ok=True)
-    LIBRARY_PATH.write_text(text)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
     n = len(json.loads(text)["phases"])
-    print(f"wrote {n} phases to {LIBRARY_PATH}")
+    print(f"wrote {n} phases to {path}")
     return 0
 
 

@@ -49,7 +49,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from labrl.verifiers.xrd.library import Phase, load_library
+from labrl.verifiers.xrd.library import Phase, resolve_phase
 from labrl.verifiers.xrd.mixture import weight_fractions
 from labrl.verifiers.xrd.profile import Instrument, chebyshev_basis, phase_sticks, render_phases
 
@@ -150,7 +150,7 @@ class FitResult:
 
 @lru_cache(maxsize=2048)
 def _sticks(phase_id: str, instrument: Instrument) -> tuple[np.ndarray, np.ndarray]:
-    return phase_sticks(load_library().get(phase_id), instrument)
+    return phase_sticks(resolve_phase(phase_id), instrument)
 
 
 # A normalised Gram matrix whose eigenvalues span more than this ratio (columns with a cosine
@@ -442,11 +442,10 @@ def fit_phase_ids(
     claimed_fractions: dict[str, float] | None = None,
 ) -> FitResult:
     """``fit_phases`` by phase id (picklable arguments, for the process pool)."""
-    library = load_library()
     return fit_phases(
         two_theta,
         counts,
-        [library.get(pid) for pid in phase_ids],
+        [resolve_phase(pid) for pid in phase_ids],
         instrument,
         config,
         claimed_fractions=claimed_fractions,

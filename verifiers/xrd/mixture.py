@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
-from labrl.verifiers.xrd.library import Phase, load_library
+from labrl.verifiers.xrd.library import Phase, resolve_phase
 from labrl.verifiers.xrd.profile import Instrument, PreferredOrientation, background, phase_sticks, render
 
 
@@ -29,6 +29,17 @@ class Component(BaseModel):
     crystallite_nm: float | None = Field(default=None, gt=1.0)
     lattice_scale: float = Field(default=1.0, ge=0.9, le=1.1)
     orientation: PreferredOrientation | None = None
+    b_iso: float | None = Field(
+        default=None, ge=0.0, le=10.0, description="overall isotropic Debye–Waller B (Å²) of this phase"
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_b(self, handler):
+        # a component without B dumps exactly as before B existed (v0 task bytes stay the same)
+        data = handler(self)
+        if self.b_iso is None:
+            data.pop("b_iso", None)
+        return data
 
 
 class Sample(BaseModel):
@@ -78,10 +89,9 @@ def weight_fractions(
     scales: dict[str, float], lattice_scales: dict[str, float] | None = None
 ) -> dict[str, float]:
     """Invert Hill–Howard: w_p = S_p M_p V_p / Σ S M V (scales keyed by phase id)."""
-    library = load_library()
     lattice_scales = lattice_scales or {}
     mass = {
-        pid: s * library.get(pid).cell_mass * library.get(pid).volume * lattice_scales.get(pid, 1.0) ** 3
+        pid: s * resolve_phase(pid).cell_mass * resolve_phase(pid).volume * lattice_scales.get(pid, 1.0) ** 3
         for pid, s in scales.items()
     }
     total = sum(mass.values())
@@ -92,14 +102,17 @@ def weight_fractions(
 
 def expected_pattern(sample: Sample) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(grid, expected counts, background) of ``sample`` without noise."""
-    library = load_library()
     instrument = sample.instrument
     grid = instrument.grid()
     peaks = np.zeros_like(grid)
     for comp in sample.components:
-        phase = library.get(comp.phase_id)
+        phase = resolve_phase(comp.phase_id)
         pos, inten = phase_sticks(
-            phase, instrument, lattice_scale=comp.lattice_scale, orientation=comp.orientation
+            phase,
+            instrument,
+            lattice_scale=comp.lattice_scale,
+            orientation=comp.orientation,
+            b_iso=comp.b_iso,
         )
         scale = hill_howard_scale(phase, comp.weight_fraction, comp.lattice_scale)
         peaks += scale * render(instrument, pos, inten, crystallite_nm=comp.crystallite_nm, grid=grid)

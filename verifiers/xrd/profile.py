@@ -25,6 +25,13 @@ Per reflection at Bragg angle θ (all widths FWHM in degrees 2θ):
 
       P(α) = (r² cos²α + sin²α / r)^(−3/2)
 
+- optional physics of the stick intensities (``Instrument`` fields, off by
+  default so v0 measurements are unchanged; formulas in ``simulate``):
+  anomalous dispersion f′ + i f″ at the Kα1 line (``anomalous_dispersion``;
+  the Kα2 copy reuses the Kα1 intensities, a < 1 % error away from edges),
+  a monochromator polarisation factor (``monochromator_two_theta``), and per
+  phase an isotropic Debye–Waller factor exp(−B sin²θ/λ²) (``b_iso`` of
+  ``phase_sticks``);
 - background: a Chebyshev series in x ∈ [−1, 1] over the scanned range;
 - counting noise: Poisson on the expected counts.
 
@@ -40,8 +47,9 @@ import math
 
 import numpy as np
 from numpy.polynomial import chebyshev
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
+from labrl.verifiers.xrd.anomalous import line_for
 from labrl.verifiers.xrd.library import Phase
 from labrl.verifiers.xrd.scattering import CU_KA1, CU_KA2
 from labrl.verifiers.xrd.simulate import merge, reflections
@@ -68,6 +76,26 @@ class Instrument(BaseModel):
     displacement_mm: float = Field(default=0.0, ge=-1.0, le=1.0)
     goniometer_radius_mm: float = Field(default=240.0, gt=0.0)
     window_fwhm: float = Field(default=12.0, ge=3.0)
+    anomalous_dispersion: bool = Field(
+        default=False, description="add f' + i f'' (Chantler) at the Kα1 line to the scattering factors"
+    )
+    monochromator_two_theta: float | None = Field(
+        default=None,
+        ge=0.0,
+        lt=180.0,
+        description="Bragg angle 2θ_m (degrees) of a monochromator crystal (graphite 002 with Cu Kα: 26.6); "
+        "None = unpolarised beam, no monochromator",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_default_physics(self, handler):
+        # the physics fields are left out while off, so v0 instruments dump (and hash) as before
+        data = handler(self)
+        if not self.anomalous_dispersion:
+            data.pop("anomalous_dispersion", None)
+        if self.monochromator_two_theta is None:
+            data.pop("monochromator_two_theta", None)
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> Instrument:
@@ -75,6 +103,8 @@ class Instrument(BaseModel):
             raise ValueError(
                 f"two_theta_max ({self.two_theta_max}) must exceed two_theta_min ({self.two_theta_min})"
             )
+        if self.anomalous_dispersion:
+            line_for(self.wavelength_ka1)  # f′, f″ are tabulated only at the anode lines
         tan = np.tan(np.radians(self.grid() / 2.0))
         h2 = self.caglioti_u * tan**2 + self.caglioti_v * tan + self.caglioti_w
         if h2.min() <= 0:
@@ -154,11 +184,16 @@ def phase_sticks(
     lattice_scale: float = 1.0,
     orientation: PreferredOrientation | None = None,
     debye_waller: dict[str, float] | None = None,
+    b_iso: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Kα1 stick positions (unshifted) and absolute intensities of ``phase`` inside the scan.
 
     The range is widened by 1° so that peaks just outside still leak their tails in.
+    ``b_iso`` (Å²) is one Debye–Waller B for every atom of the phase;
+    ``debye_waller`` gives B per element (both may be given: they multiply).
     """
+    if b_iso is not None:
+        debye_waller = {el: b_iso + (debye_waller or {}).get(el, 0.0) for el in phase.elements}
     lo = max(instrument.two_theta_min - 1.0, 0.1)
     hi = min(instrument.two_theta_max + 1.0, 179.0)
     refl = reflections(
@@ -167,6 +202,8 @@ def phase_sticks(
         two_theta_range=(lo, hi),
         debye_waller=debye_waller,
         lattice_scale=lattice_scale,
+        anomalous=instrument.anomalous_dispersion,
+        monochromator_two_theta=instrument.monochromator_two_theta,
     )
     intensity = refl.intensity
     if orientation is not None and orientation.r != 1.0:
