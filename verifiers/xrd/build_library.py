@@ -324,10 +324,15 @@ def curated_structure(entry: dict[str, Any]) -> Any:
     structure = Structure.from_spacegroup(entry["spacegroup"], lattice, species, coords, tol=1e-3)
     if len(structure) != entry["n_atoms"]:
         raise ValueError(f"{entry['name']}: {len(structure)} atoms in the cell, expected {entry['n_atoms']}")
-    if structure.composition.reduced_formula != structure.composition.from_dict(
-        {k: v for k, v in _parse(entry["formula"]).items()}
-    ).reduced_formula:
-        raise ValueError(f"{entry['name']}: built {structure.composition.reduced_formula}, not {entry['formula']}")
+    if (
+        structure.composition.reduced_formula
+        != structure.composition.from_dict(
+            {k: v for k, v in _parse(entry["formula"]).items()}
+        ).reduced_formula
+    ):
+        raise ValueError(
+            f"{entry['name']}: built {structure.composition.reduced_formula}, not {entry['formula']}"
+        )
     dist = structure.distance_matrix + np.eye(len(structure)) * 99.0
     if dist.min() < _MIN_DISTANCE:
         raise ValueError(f"{entry['name']}: two atoms {dist.min():.3f} Å apart")
@@ -390,7 +395,9 @@ def _v0_as_v1(record: dict[str, Any]) -> dict[str, Any]:
     from pymatgen.core import Lattice, Structure
 
     structure = Structure(
-        Lattice(record["lattice"]), [s["species"] for s in record["sites"]], [s["frac"] for s in record["sites"]]
+        Lattice(record["lattice"]),
+        [s["species"] for s in record["sites"]],
+        [s["frac"] for s in record["sites"]],
     )
     source, tags = record["source"], record["tags"]
     if source == "aflow":
@@ -410,7 +417,9 @@ def _v0_as_v1(record: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-def merge_unique(records: list[dict[str, Any]], existing: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+def merge_unique(
+    records: list[dict[str, Any]], existing: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
     """``existing`` + the records not matching any earlier one (pymatgen ``StructureMatcher``).
 
     Only records of equal reduced composition are compared. Distinct phases
@@ -476,7 +485,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", message="No Pauling electronegativity")
     warnings.filterwarnings("ignore", message=".*fractional coordinates rounded.*")
-    built, path = (build_library(), LIBRARY_PATH) if args.version == "v0" else (build_library_v1(), LIBRARY_V1_PATH)
+    built, path = (
+        (build_library(), LIBRARY_PATH) if args.version == "v0" else (build_library_v1(), LIBRARY_V1_PATH)
+    )
     text = json.dumps(built, indent=None, separators=(",", ":"), sort_keys=True)
     if args.check:
         same = path.exists() and path.read_text() == text

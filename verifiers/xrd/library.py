@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal
@@ -195,9 +195,7 @@ def _shipped(version: LibraryVersion) -> PhaseLibrary:
     return PhaseLibrary([_phase_from_record(r) for r in data["phases"]])
 
 
-def load_library(
-    version: LibraryVersion = "v0", extra_cifs: Iterable[str | Path] = ()
-) -> PhaseLibrary:
+def load_library(version: LibraryVersion = "v0", extra_cifs: Iterable[str | Path] = ()) -> PhaseLibrary:
     """The shipped library ``version`` (parsed once per process), plus the phases of ``extra_cifs``.
 
     ``extra_cifs`` are CIF files or folders (every ``*.cif`` inside, sorted).
