@@ -97,7 +97,10 @@ def test_magnetite_mixed_valence_intensities_match_pymatgen():
     common = np.intersect1d(np.round(lost.two_theta, 6), np.round(mine.two_theta, 6))
     assert len(common) > 10
     worst = max(
-        abs(lost.scaled[np.round(lost.two_theta, 6) == t][0] - mine.scaled[np.round(mine.two_theta, 6) == t][0])
+        abs(
+            lost.scaled[np.round(lost.two_theta, 6) == t][0]
+            - mine.scaled[np.round(mine.two_theta, 6) == t][0]
+        )
         for t in common
     )
     assert worst > 20.0  # percent of the strongest peak
@@ -126,7 +129,7 @@ def test_bad_cifs_raise_structure_file_errors(tmp_path):
     with pytest.raises(StructureFileError, match="no such"):
         load_library("v1", extra_cifs=[tmp_path / "missing.cif"])
     (tmp_path / "empty").mkdir()
-    with pytest.raises(StructureFileError, match="no .cif"):
+    with pytest.raises(StructureFileError, match=r"no \.cif"):
         load_library("v1", extra_cifs=[tmp_path / "empty"])
     junk = tmp_path / "junk.cif"
     junk.write_text("data_x\n_cell_length_a 3\nthis is not a cif loop\n")

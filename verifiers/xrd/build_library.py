@@ -431,26 +431,32 @@ def merge_unique(
 
     matcher = StructureMatcher()
     kept = list(existing or [])
-    by_formula: dict[str, list[tuple[dict[str, Any], Any]]] = {}
+    by_formula: dict[str, list[list[Any]]] = {}  # formula -> [record, its Structure or None (lazy)]
 
     def structure_of(r: dict[str, Any]) -> Any:
         return Structure(
             Lattice(r["lattice"]), [s["species"] for s in r["sites"]], [s["frac"] for s in r["sites"]]
         )
 
+    def matches(structure: Any, entry: list[Any]) -> bool:
+        if entry[1] is None:
+            entry[1] = structure_of(entry[0])
+        return bool(matcher.fit(structure, entry[1]))
+
     for r in kept:
-        by_formula.setdefault(r["formula"], []).append((r, structure_of(r)))
+        by_formula.setdefault(r["formula"], []).append([r, None])
     ids = {r["id"] for r in kept}
     for r in records:
-        s = structure_of(r)
-        if any(matcher.fit(s, other) for _, other in by_formula.get(r["formula"], [])):
+        same = by_formula.get(r["formula"], [])
+        structure = structure_of(r) if same else None
+        if same and any(matches(structure, entry) for entry in same):
             continue
         base, suffix = r["id"], iter("bcdefghijklmnopqrstuvwxyz")
         while r["id"] in ids:
             r = {**r, "id": f"{base}-{next(suffix)}"}
         ids.add(r["id"])
         kept.append(r)
-        by_formula.setdefault(r["formula"], []).append((r, s))
+        by_formula.setdefault(r["formula"], []).append([r, structure])
     return kept
 
 
