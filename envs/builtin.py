@@ -14,6 +14,8 @@ def register_builtin_envs() -> None:
     register("judged/science-qa-v0", entry_point="labrl.envs.judged:ScienceQAEnv")
     register("xrd/phase-id-v0", entry_point="labrl.envs.xrd:PhaseIdEnv")
     register("xrd/phase-id-tools-v0", entry_point="labrl.envs.xrd:PhaseIdToolsEnv")
+    register("xrd/phase-id-v1", entry_point="labrl.envs.xrd:PhaseIdEnvV1")
+    register("xrd/phase-id-tools-v1", entry_point="labrl.envs.xrd:PhaseIdToolsEnvV1")
     register("sim/lattice-constant-v0", entry_point="labrl.envs.sim:LatticeConstantEnv")
     register("sim/structure-search-v0", entry_point="labrl.envs.sim:StructureSearchEnv")
     register("lab/synthesis-v0", entry_point="labrl.envs.lab:SynthesisEnv")

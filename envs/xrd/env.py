@@ -7,6 +7,12 @@
   ``search_phases(elements)``, ``simulate(phase_id)``, ``fit(phase_ids)`` and
   ``submit(answer)`` within ``max_tool_calls`` calls; a plain-text reply is
   taken as the submission.
+- ``xrd/phase-id-v1`` and ``xrd/phase-id-tools-v1``: the same with the v1
+  library (cited common phases, ``formula_sg_pearson`` ids), answers drawn
+  from experimental structures, and v1 physics (``tasks`` module docstring).
+  The v1 ``simulate`` tool reports Kα1 sticks with the task's own physics,
+  the same model the measurement and the fit use; v0's keeps the averaged
+  Cu Kα of its published behaviour.
 
 Rewards (``reward_mode``): ``label`` (F1 on (formula, space group), plus a
 weight-fraction term for mixtures: ``labrl.verifiers.xrd.scoring``),
@@ -26,7 +32,7 @@ import asyncio
 import json
 import random
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
@@ -51,12 +57,15 @@ from labrl.offload import run_cpu
 from labrl.verifiers.xrd.answer import FORMAT_HINT, ClaimedPhase, parse_answer
 from labrl.verifiers.xrd.fit import FitResult, fit_phase_ids
 from labrl.verifiers.xrd.library import load_library
-from labrl.verifiers.xrd.profile import Instrument
+from labrl.verifiers.xrd.profile import Instrument, phase_sticks
 from labrl.verifiers.xrd.scoring import label_score
 from labrl.verifiers.xrd.simulate import stick_pattern
 
 SINGLE_ID = "xrd/phase-id-v0"
 TOOLS_ID = "xrd/phase-id-tools-v0"
+SINGLE_V1_ID = "xrd/phase-id-v1"
+TOOLS_V1_ID = "xrd/phase-id-tools-v1"
+_V1_DEFAULTS = {"library": "v1", "answer_pool": "experimental", "physics": "v1"}
 
 
 def _config(env_id: str, options: dict[str, Any]) -> PhaseIdConfig:
@@ -71,10 +80,11 @@ class PhaseIdEnv(Env):
     """Single-turn phase identification (see the module docstring)."""
 
     env_id = SINGLE_ID
+    defaults: ClassVar[dict[str, Any]] = {}  # option defaults of this env version
 
     def __init__(self, **options: Any) -> None:
-        self.config = _config(self.env_id, options)
-        load_library()  # parse once per process, up front
+        self.config = _config(self.env_id, {**self.defaults, **options})
+        self.library = load_library(self.config.library)  # parse once per process, up front
         self.spec = self._make_spec()
         self._observed: dict[str, Any] | None = None
 
@@ -124,22 +134,17 @@ class PhaseIdEnv(Env):
 
     def _parse(self, text: str) -> list[ClaimedPhase]:
         task = self.episode_task()
-        return parse_answer(text, load_library(), candidates=task.prompt.get("candidates"))
+        return parse_answer(text, self.library, candidates=task.prompt.get("candidates"))
 
     async def _fit(
         self, phase_ids: Sequence[str], claimed_fractions: dict[str, float] | None = None
     ) -> FitResult:
         """Fit ``phase_ids`` to the observed counts; ``claimed_fractions`` are scored by the v1 fit only."""
         assert self._observed is not None
-        task = self.episode_task()
+        self.episode_task()  # EnvError before reset()
         if self.config.fit_latency_s:
             await asyncio.sleep(self.config.fit_latency_s)
-        instrument = Instrument.model_validate(task.prompt["sample"]["instrument"]).model_copy(
-            update={
-                "zero_shift": 0.0,
-                "displacement_mm": 0.0,
-            }  # the lab knows its calibration, not the sample's
-        )
+        instrument = self._lab_instrument()
         args = (
             self._observed["two_theta"],
             self._observed["counts"],
@@ -150,10 +155,15 @@ class PhaseIdEnv(Env):
         )
         return await self.score(fit_phase_ids, *args, offload=self.config.offload)
 
+    def _lab_instrument(self) -> Instrument:
+        """The task's instrument as the lab knows it: its calibration, not the sample's displacement."""
+        return Instrument.model_validate(self.episode_task().prompt["sample"]["instrument"]).model_copy(
+            update={"zero_shift": 0.0, "displacement_mm": 0.0}
+        )
+
     async def _reward(self, claimed: list[ClaimedPhase]) -> tuple[float, dict[str, Any]]:
         task = self.episode_task()
-        library = load_library()
-        truth = [(library.get(p["id"]), p["weight_fraction"]) for p in task.answer["phases"]]
+        truth = [(self.library.get(p["id"]), p["weight_fraction"]) for p in task.answer["phases"]]
         info: dict[str, Any] = {"claimed": [c.phase.id for c in claimed]}
         mode = self.config.reward_mode
         reward = 0.0
@@ -204,7 +214,10 @@ class PhaseIdEnv(Env):
     def gold_text(self, task: Task) -> str:
         if "letter" in task.answer:
             return candidate_answer(
-                task.prompt["candidates"], task.answer["letter"], self.config.answer_format
+                task.prompt["candidates"],
+                task.answer["letter"],
+                self.config.answer_format,
+                self.config.library,
             )
         return self._answer_text(task.answer["phases"], with_weights=len(task.answer["phases"]) > 1)
 
@@ -214,9 +227,10 @@ class PhaseIdEnv(Env):
     def random_text(self, task: Task, rng: random.Random) -> str:
         if task.prompt.get("candidates"):
             letter = rng.choice(sorted(task.prompt["candidates"]))
-            return candidate_answer(task.prompt["candidates"], letter, self.config.answer_format)
-        library = load_library()
-        pool = library.search(task.prompt["elements"]) or list(library)
+            return candidate_answer(
+                task.prompt["candidates"], letter, self.config.answer_format, self.config.library
+            )
+        pool = self.library.search(task.prompt["elements"]) or list(self.library)
         n = len(task.answer["phases"])
         picks = rng.sample(pool, min(n, len(pool)))
         weights = [rng.random() + 0.1 for _ in picks]
@@ -331,7 +345,7 @@ class PhaseIdToolsEnv(PhaseIdEnv):
         return self._parse(answer if isinstance(answer, str) else json.dumps(answer))
 
     async def _run_tool(self, call: ToolCall) -> str:
-        library = load_library()
+        library = self.library
         args = call.arguments
         if call.name == "search_phases":
             elements = args.get("elements")
@@ -355,11 +369,25 @@ class PhaseIdToolsEnv(PhaseIdEnv):
                 raise InvalidActionError(
                     f"simulate: unknown phase_id {phase_id!r} (use search_phases for ids)"
                 )
-            sticks = stick_pattern(library.get(phase_id), two_theta_range=(10.0, 80.0))
-            top = sorted(zip(sticks.two_theta, sticks.scaled, strict=True), key=lambda x: -x[1])[:_SIM_PEAKS]
-            return json.dumps(
-                {"phase_id": phase_id, "peaks": [[round(t, 2), round(i, 1)] for t, i in sorted(top)]}
-            )
+            if self.config.physics == "v0":
+                sticks = stick_pattern(library.get(phase_id), two_theta_range=(10.0, 80.0))
+                positions, scaled = sticks.two_theta, sticks.scaled
+            else:
+                instrument = self._lab_instrument()
+                positions, intensity = phase_sticks(library.get(phase_id), instrument)
+                inside = (positions >= instrument.two_theta_min) & (positions <= instrument.two_theta_max)
+                positions, intensity = positions[inside], intensity[inside]
+                scaled = 100.0 * intensity / intensity.max() if len(intensity) else intensity
+            top = sorted(zip(positions, scaled, strict=True), key=lambda x: -x[1])[:_SIM_PEAKS]
+            reply: dict[str, Any] = {
+                "phase_id": phase_id,
+                "peaks": [[round(float(t), 2), round(float(i), 1)] for t, i in sorted(top)],
+            }
+            if self.config.physics != "v0":
+                reply["wavelength"] = (
+                    f"Ka1 {self._lab_instrument().wavelength_ka1} Å (Ka2 doublet not listed)"
+                )
+            return json.dumps(reply)
         if call.name == "fit":
             ids = args.get("phase_ids")
             if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
@@ -399,3 +427,17 @@ class PhaseIdToolsEnv(PhaseIdEnv):
             text=format_tool_call("submit", {"answer": answer}),
             tool_calls=(ToolCall(id="call_0", name="submit", arguments={"answer": answer}),),
         )
+
+
+class PhaseIdEnvV1(PhaseIdEnv):
+    """``xrd/phase-id-v1``: the v1 library, experimental answers and v1 physics by default."""
+
+    env_id = SINGLE_V1_ID
+    defaults = _V1_DEFAULTS
+
+
+class PhaseIdToolsEnvV1(PhaseIdToolsEnv):
+    """``xrd/phase-id-tools-v1``: the tools env with the v1 defaults."""
+
+    env_id = TOOLS_V1_ID
+    defaults = _V1_DEFAULTS

@@ -19,11 +19,20 @@ Tiers (``PhaseIdConfig.tier``):
 
 With ``holdout_fraction`` > 0 a fixed, hash-chosen subset of phases never
 appears in train tasks, and every test task contains one of them.
+
+Versions: ``library`` picks the phase library (``v0`` frozen, ``v1`` the
+cited common phases and ``formula_sg_pearson`` ids), ``answer_pool`` whether
+answers may be hypothetical phases, and ``physics`` the measurement model:
+``v0`` as before; ``v1`` adds anomalous dispersion at Cu Kα1, a graphite
+(002) diffracted-beam monochromator (``MONOCHROMATOR_TWO_THETA``) and per
+phase an isotropic Debye–Waller B drawn from U(0.2, 1.0) Å². The
+``xrd/*-v1`` envs default to v1 for all three; the v0 envs to v0.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import string
 from typing import Any, Literal
 
@@ -33,13 +42,16 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from labrl.envs.types import Split
 from labrl.errors import ConfigError
 from labrl.verifiers.xrd.fit import FitConfig
-from labrl.verifiers.xrd.library import Phase, PhaseLibrary, is_held_out, load_library
+from labrl.verifiers.xrd.library import LibraryVersion, Phase, PhaseLibrary, is_held_out, load_library
 from labrl.verifiers.xrd.mixture import Component, Sample
 from labrl.verifiers.xrd.profile import Instrument, PreferredOrientation
 
 _SALT = 0x58524431  # "XRD1"
 RewardMode = Literal["label", "label_free", "blend"]
 AnswerFormat = Literal["letter", "formula"]
+#: graphite (002), d = 3.354 Å, at Cu Kα1: 2θ_m = 2 asin(λ / 2d) ≈ 26.55°
+MONOCHROMATOR_TWO_THETA = round(2.0 * math.degrees(math.asin(1.54056 / (2.0 * 3.354))), 3)
+B_ISO_RANGE = (0.2, 1.0)  # Å², room-temperature isotropic B of common inorganic solids
 
 
 class PhaseIdConfig(BaseModel):
@@ -75,6 +87,14 @@ class PhaseIdConfig(BaseModel):
     offload: bool = Field(default=True, description="simulate and fit in the process pool (run_cpu)")
     max_tool_calls: int = Field(default=8, ge=1, le=64, description="tools env: tool calls per episode")
     fit: FitConfig = Field(default_factory=FitConfig)
+    library: LibraryVersion = Field(default="v0", description="phase library: v0 (frozen) or v1")
+    answer_pool: Literal["all", "experimental"] = Field(
+        default="all", description="experimental: answers are drawn from experimental structures only"
+    )
+    physics: Literal["v0", "v1"] = Field(
+        default="v0",
+        description="v1: anomalous dispersion, monochromator polarisation, per-phase Debye–Waller B",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> PhaseIdConfig:
@@ -139,14 +159,20 @@ def build_task_prompt(
     config: PhaseIdConfig, split: Split, seed: int
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(prompt data, answer) of task (split, seed). Pure: no simulation happens here."""
-    library = load_library()
+    library = load_library(config.library)
     rng = np.random.default_rng([_split_code(split), int(seed), _SALT])
     allowed, first_pool = _pools(_restricted(library, config.phase_pool), config.holdout_fraction, split)
+    answerable = allowed
+    if config.answer_pool == "experimental":
+        first_pool = [p for p in first_pool if p.experimental]
+        answerable = [p for p in allowed if p.experimental]
+        if not first_pool:
+            raise ConfigError("answer_pool='experimental' leaves no phase to draw answers from")
     first = first_pool[int(rng.integers(len(first_pool)))]
     tier = config.tier
     if tier == 3:
         n = int(rng.integers(2, 4))
-        phases = [first, *_related(rng, first, allowed, {first.id}, n - 1)]
+        phases = [first, *_related(rng, first, answerable, {first.id}, n - 1)]
         raw = rng.dirichlet(np.full(n, 2.0))
         fractions = 0.1 + (1.0 - 0.1 * n) * raw
         fractions = np.round(fractions / fractions.sum(), 4)
@@ -170,9 +196,21 @@ def build_task_prompt(
                 orientation=orientation,
             )
         )
+    instrument = _instrument(rng, tier)
+    if config.physics == "v1":
+        instrument = Instrument.model_validate(
+            {
+                **instrument.model_dump(),
+                "anomalous_dispersion": True,
+                "monochromator_two_theta": MONOCHROMATOR_TWO_THETA,
+            }
+        )
+        components = [
+            c.model_copy(update={"b_iso": round(float(rng.uniform(*B_ISO_RANGE)), 3)}) for c in components
+        ]
     sample = Sample(
         components=tuple(components),
-        instrument=_instrument(rng, tier),
+        instrument=instrument,
         background=(float(rng.uniform(100, 400)), float(rng.uniform(-80, 0)), float(rng.uniform(0, 40))),
         peak_counts=20_000.0 if tier == 1 else float(rng.uniform(5_000, 20_000)),
     )
@@ -204,7 +242,9 @@ def build_task_prompt(
     return prompt, answer
 
 
-def candidate_answer(candidates: dict[str, str], letter: str, answer_format: AnswerFormat) -> str:
+def candidate_answer(
+    candidates: dict[str, str], letter: str, answer_format: AnswerFormat, library: LibraryVersion = "v0"
+) -> str:
     """The reply naming candidate ``letter`` in ``answer_format``.
 
     A formula gets its space-group symbol appended only when the formula alone
@@ -213,23 +253,24 @@ def candidate_answer(candidates: dict[str, str], letter: str, answer_format: Ans
     """
     if answer_format == "letter":
         return letter
-    library = load_library()
-    phase = library.get(candidates[letter])
+    phases = load_library(library)
+    phase = phases.get(candidates[letter])
     clash = phase.formula in candidates or any(
-        library.get(v).formula == phase.formula for k, v in candidates.items() if k != letter
+        phases.get(v).formula == phase.formula for k, v in candidates.items() if k != letter
     )
     return f"{phase.formula} {phase.spacegroup_symbol}" if clash else phase.formula
 
 
 def render_prompt(config: PhaseIdConfig, prompt: dict[str, Any], observed: dict[str, Any]) -> str:
     """The user message: a compact peak list and the question for the tier."""
-    library = load_library()
+    library = load_library(config.library)
+    tube = "Cu Ka" if config.physics == "v0" else "Cu Ka1 1.54056 Å + Ka2"
     if config.show_widths:
         peaks = " ".join(f"{t:.2f}:{i:.0f}:{w:.2f}" for t, i, w in observed["peaks"])
-        head = "XRD (Cu Ka) peaks 2θ:I:FWHM"
+        head = f"XRD ({tube}) peaks 2θ:I:FWHM"
     else:
         peaks = " ".join(f"{t:.2f}:{i:.0f}" for t, i, _ in observed["peaks"])
-        head = "XRD (Cu Ka) peaks 2θ:I"
+        head = f"XRD ({tube}) peaks 2θ:I"
     lines = [f"{head}\n{peaks}"]
     if observed.get("profile"):
         lo, hi, values = observed["profile"]
