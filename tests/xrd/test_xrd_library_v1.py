@@ -45,6 +45,7 @@ def test_common_phases_are_experimental_with_citations():
         assert phase.experimental, pid
         assert len(phase.citation) > 15, pid
     assert len(library.experimental()) >= 350
+    assert len(library) == 594
     assert {p.source for p in library} == {"curated", "ase-cif", "aflow", "ase", "substitution"}
     assert all(not p.experimental for p in library if p.source == "substitution")
 

@@ -462,13 +462,21 @@ def merge_unique(
 
 def build_library_v1() -> dict[str, Any]:
     """The v1 library: curated, then ASE's COD CIFs, then the v0 sources (deduplicated in that order)."""
+    from labrl.verifiers.xrd.scattering import scattering_table
+
     v0 = build_library()["phases"]
     first = merge_unique([*_curated(), *_ase_cifs()])
     # a prototype with the id (formula, space group, Pearson symbol) of a cited entry is the same
     # compound in another (here: mis-set) description, e.g. AFLOW's anatase and tenorite, whose
     # patterns do not match the measured ones: the cited entry supersedes it
     cited = {r["id"] for r in first}
-    rest = [r for r in (_v0_as_v1(r) for r in v0) if r["id"] not in cited]
+    # transuranium phases go: the anomalous-dispersion table (Chantler) stops at U (Z = 92)
+    z = scattering_table().z
+    rest = [
+        r
+        for r in (_v0_as_v1(r) for r in v0)
+        if r["id"] not in cited and all(z[el] <= 92 for el in r["elements"])
+    ]
     records = merge_unique(rest, existing=first)
     import ase
     import pymatgen.core
