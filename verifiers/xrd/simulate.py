@@ -142,6 +142,28 @@ def _scattering_factors(elements: tuple[str, ...], s2: np.ndarray) -> np.ndarray
     )
 
 
+def _phase_factors(
+    tables: list[np.ndarray], ix: np.ndarray, site_b: np.ndarray | None, s2: np.ndarray
+) -> np.ndarray:
+    """exp(2πi hkl·r_n) = X_h Y_k Z_l per (reflection, site), times exp(−B_n s²) when given: (C, N)."""
+    phase_factor = tables[0][ix[:, 0]] * tables[1][ix[:, 1]] * tables[2][ix[:, 2]]
+    if site_b is not None:
+        phase_factor *= np.exp(-np.asarray(site_b)[None, :] * s2[:, None])
+    return phase_factor
+
+
+def _site_sums(
+    phase_factor: np.ndarray, members: list[np.ndarray], weights: list[np.ndarray], ordered: bool
+) -> np.ndarray:
+    """S_e = Σ_n o_{n,e} · phase factor, per element: (C, E)."""
+    n_sites = phase_factor.shape[1]
+    out = np.empty((len(phase_factor), len(members)), dtype=complex)
+    for e, (m, w) in enumerate(zip(members, weights, strict=True)):
+        block = phase_factor[:, m] if len(m) < n_sites else phase_factor
+        out[:, e] = block.sum(axis=1) if ordered else block @ w
+    return out
+
+
 def reflections(
     phase: Phase,
     *,
@@ -197,14 +219,8 @@ def reflections(
         f = _scattering_factors(phase.elements, s2[rows])  # (C, E)
         if element_b is not None:
             f = f * np.exp(-element_b[None, :] * s2[rows, None])
-        ix = idx[rows]
-        phase_factor = tables[0][ix[:, 0]] * tables[1][ix[:, 1]] * tables[2][ix[:, 2]]  # (C, N)
-        if site_b is not None:
-            phase_factor *= np.exp(-np.asarray(site_b)[None, :] * s2[rows, None])
-        site_sums = np.empty((len(ix), len(members)), dtype=complex)  # (C, E)
-        for e, (m, w) in enumerate(zip(members, weights, strict=True)):
-            block = phase_factor[:, m] if len(m) < len(frac) else phase_factor
-            site_sums[:, e] = block.sum(axis=1) if ordered else block @ w
+        phase_factor = _phase_factors(tables, idx[rows], site_b, s2[rows])  # (C, N)
+        site_sums = _site_sums(phase_factor, members, weights, ordered)  # (C, E)
         if f_anom is None:
             structure_factor = np.einsum("me,me->m", f, site_sums)  # (C,)
             intensity_f[rows] = 2.0 * (structure_factor.real**2 + structure_factor.imag**2)
