@@ -13,8 +13,14 @@ Measures, single-threaded:
    ``fit_phase_ids`` and for the straightforward reference implementation
    (``_fit_reference``) interleaved on the same answers, wall and CPU time, and
    their largest disagreement;
-4. the ranking study (label-free reward of the true set vs hard wrong sets).
+4. the ranking study (label-free reward of the true set vs hard wrong sets);
+5. ``large``: supercells of a 72-site cell (72 to 576 sites) with Cu Kα and
+   Mo Kα: time and peak traced memory (tracemalloc) of labrl and pymatgen,
+   labrl's peak without chunking where that fits, and for the largest case a
+   cProfile split of labrl's time by step.
 Writes benchmarks/results/xrd_sim.json and a PNG of the per-structure times.
+
+    OMP_NUM_THREADS=1 python benchmarks/xrd_sim.py --parts large   # ~4 min
 """
 
 from __future__ import annotations
@@ -147,6 +153,110 @@ def bench_scoring(n: int, repeats: int = 3) -> dict:
     }
 
 
+_LARGE_BASE = "SiO2_9_mC144"  # v1 library: monoclinic tridymite-like SiO2, 72 sites in the stored cell
+_LARGE_SUPERCELLS = ((1, 1, 1), (2, 1, 1), (2, 2, 1), (2, 2, 2))
+_UNCHUNKED_LIMIT_BYTES = 1.5e9  # skip the all-at-once run where its temporaries would exceed this
+
+
+def _timed_peak(fn) -> tuple[float, float, object]:
+    """(seconds without tracing, peak traced MB of a second, traced call, result)."""
+    import tracemalloc
+
+    t0 = time.perf_counter()
+    result = fn()
+    seconds = time.perf_counter() - t0
+    tracemalloc.start()
+    fn()
+    peak = tracemalloc.get_traced_memory()[1] / 1e6
+    tracemalloc.stop()
+    return seconds, peak, result
+
+
+def bench_large() -> dict:
+    import cProfile
+    import pstats
+    import warnings
+
+    from pymatgen.analysis.diffraction.xrd import XRDCalculator
+
+    import labrl.verifiers.xrd.simulate as simulate
+    from labrl.verifiers.xrd.library import Phase, load_library
+
+    warnings.filterwarnings("ignore")
+    base = load_library("v1").get(_LARGE_BASE)
+    simulate.stick_pattern(base)  # warm the one-time loads (scattering table) out of the first row
+    XRDCalculator("CuKa").get_pattern(base.to_pymatgen())
+    rows = []
+    for radiation, wavelength in (("CuKa", 1.54184), ("MoKa", 0.71073)):
+        for multiples in _LARGE_SUPERCELLS:
+            structure = base.to_pymatgen()
+            structure.make_supercell(list(multiples))
+            occupancy = np.array(
+                [[site.species.get_el_amt_dict().get(el, 0.0) for el in base.elements] for site in structure]
+            )
+            phase = Phase(
+                id=f"{base.id}x{''.join(map(str, multiples))}",
+                formula=base.formula,
+                spacegroup_symbol="P1",
+                spacegroup_number=1,
+                crystal_system="triclinic",
+                elements=base.elements,
+                lattice=structure.lattice.matrix,
+                frac_coords=structure.frac_coords,
+                occupancy=occupancy,
+                cell_mass=base.cell_mass * len(structure) / len(base.frac_coords),
+                volume=structure.volume,
+                source="benchmark",
+            )
+            t_lab, mem_lab, mine = _timed_peak(
+                lambda p=phase, w=wavelength: simulate.stick_pattern(p, wavelength=w)
+            )
+            n_refl = len(simulate.reflections(phase, wavelength=wavelength).hkl)
+            calc = XRDCalculator(radiation)
+            t_pmg, mem_pmg, ref = _timed_peak(lambda s=structure, c=calc: c.get_pattern(s))
+            unchunked_bytes = 16.0 * 4 * n_refl * len(structure)  # ~4 complex (M, N) temporaries
+            mem_unchunked = None
+            if unchunked_bytes < _UNCHUNKED_LIMIT_BYTES:
+                saved = simulate.CHUNK_ELEMENTS
+                simulate.CHUNK_ELEMENTS = 1 << 62
+                try:
+                    _, mem_unchunked, _ = _timed_peak(
+                        lambda p=phase, w=wavelength: simulate.stick_pattern(p, wavelength=w)
+                    )
+                finally:
+                    simulate.CHUNK_ELEMENTS = saved
+            assert len(ref.x) == len(mine.two_theta), phase.id
+            rows.append(
+                {
+                    "radiation": radiation,
+                    "sites": len(structure),
+                    "reflections": n_refl,
+                    "labrl_s": t_lab,
+                    "pymatgen_s": t_pmg,
+                    "speed_ratio": t_pmg / t_lab,
+                    "labrl_peak_mb": mem_lab,
+                    "labrl_unchunked_peak_mb": mem_unchunked,
+                    "unchunked_estimate_mb": unchunked_bytes / 1e6,
+                    "pymatgen_peak_mb": mem_pmg,
+                    "max_dev_two_theta_deg": float(np.abs(ref.x - mine.two_theta).max()),
+                    "max_dev_rel_intensity": float(np.abs(ref.y - mine.scaled).max() / 100.0),
+                }
+            )
+            print(f"  large: {rows[-1]}", flush=True)
+    # where the time goes, largest Mo Kα case
+    profiler = cProfile.Profile()
+    profiler.enable()
+    simulate.stick_pattern(phase, wavelength=0.71073)
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats
+    total = sum(v[2] for v in stats.values())  # self (tottime) of everything
+    steps = {}
+    for (filename, _line, name), (_cc, _nc, tottime, cumtime, _callers) in stats.items():
+        if filename.endswith("simulate.py"):
+            steps[name] = {"self_s": tottime, "cumulative_s": cumtime}
+    return {"base": _LARGE_BASE, "rows": rows, "profile_576_mo": {"total_s": total, "steps": steps}}
+
+
 def bench_ranking(n: int) -> dict:
     from labrl.envs.xrd.ranking import ranking_study
 
@@ -169,16 +279,16 @@ def main() -> None:
     parser.add_argument("--ranking", type=int, default=100)
     parser.add_argument(
         "--parts",
-        default="sticks,mixtures,scoring,ranking",
+        default="sticks,mixtures,scoring,ranking,large",
         help="comma-separated subset to measure; the others keep their values in the JSON",
     )
     args = parser.parse_args()
     parts = set(args.parts.split(","))
-    unknown = parts - {"sticks", "mixtures", "scoring", "ranking"}
+    unknown = parts - {"sticks", "mixtures", "scoring", "ranking", "large"}
     if unknown:
         parser.error(f"unknown --parts {sorted(unknown)}")
     path = RESULTS / "xrd_sim.json"
-    everything = {"sticks", "mixtures", "scoring", "ranking"}
+    everything = {"sticks", "mixtures", "scoring", "ranking", "large"}
     out = json.loads(path.read_text()) if path.exists() and parts != everything else {}
     out["machine"] = {
         "python": platform.python_version(),
@@ -193,6 +303,8 @@ def main() -> None:
         out["scoring"] = bench_scoring(args.scoring)
     if "ranking" in parts:
         out["ranking"] = bench_ranking(args.ranking)
+    if "large" in parts:
+        out["large"] = bench_large()
     missing = everything - set(out)
     if missing:
         parser.error(f"no earlier results for {sorted(missing)}: measure them too")
@@ -218,6 +330,19 @@ def main() -> None:
     width = max(len(r[0]) for r in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
+    print("\nlarge cells (supercells of v1 " + out["large"]["base"] + ")")
+    print("radiation sites reflections labrl_s pymatgen_s ratio labrl_MB unchunked_MB pymatgen_MB max_dI")
+    for r in out["large"]["rows"]:
+        unchunked = "-" if r["labrl_unchunked_peak_mb"] is None else f"{r['labrl_unchunked_peak_mb']:.0f}"
+        print(
+            f"{r['radiation']:<9} {r['sites']:>5} {r['reflections']:>11} {r['labrl_s']:>7.2f} "
+            f"{r['pymatgen_s']:>10.2f} {r['speed_ratio']:>5.1f} {r['labrl_peak_mb']:>8.1f} "
+            f"{unchunked:>12} {r['pymatgen_peak_mb']:>11.1f} {r['max_dev_rel_intensity']:.1e}"
+        )
+    prof = out["large"]["profile_576_mo"]
+    print(f"profile, 576 sites Mo Ka: {prof['total_s']:.2f} s")
+    for name, v in sorted(prof["steps"].items(), key=lambda kv: -kv[1]["self_s"]):
+        print(f"  {name:<24} self {v['self_s']:.3f} s  cumulative {v['cumulative_s']:.3f} s")
     RESULTS.mkdir(parents=True, exist_ok=True)
     per = s.pop("_per_structure", None)
     path.write_text(json.dumps(out, indent=2))
