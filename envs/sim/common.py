@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import re
 import weakref
 from typing import Any
 
@@ -23,6 +22,7 @@ from labrl.errors import ConfigError, EnvError, InvalidActionError, LabError, La
 from labrl.lab_adapters.calculators import check_backend
 from labrl.lab_adapters.protocol import JobState, LabAdapter
 from labrl.lab_adapters.simulator import SimulatorAdapter
+from labrl.untrusted_text import last_block
 
 #: cubic prototypes: name -> (fractional sites, number of distinct species)
 PROTOTYPES: dict[str, tuple[tuple[tuple[float, float, float], ...], int]] = {
@@ -140,15 +140,16 @@ class Calculator:
         return status.result
 
 
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-
-
 def extract_answer(text: str) -> str:
-    """The body of the last ``<answer>...</answer>`` block; ``InvalidActionError`` if there is none."""
-    found = _ANSWER.findall(text)
-    if not found:
+    """The body of the last ``<answer>...</answer>`` block; ``InvalidActionError`` if there is none.
+
+    Linear in ``len(text)`` (``labrl.untrusted_text.last_block``), also for an
+    ``<answer>`` left open.
+    """
+    found = last_block(text, "<answer>", "</answer>")
+    if found is None:
         raise InvalidActionError("no <answer>...</answer> block found")
-    return found[-1].strip()
+    return found.strip()
 
 
 def split_of(task_id: str) -> str:
