@@ -15,6 +15,8 @@ deadlines. Per step it applies, in order:
        step deadline      -> timeout         (episode ends, no reward)
        any other error    -> env_error       (episode ends, no reward)
 
+   Outcomes other than invalid_action carry ``info["error"]`` (one line) and
+   ``info["traceback"]`` (the full traceback, for the run's error log).
 5. ``max_turns``: the step that uses the last turn ends the episode with
    ``truncated=True`` if the env did not finish it.
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -144,5 +147,10 @@ class BudgetedEnv(Env):
 
 
 def _failed(outcome: Outcome, exc: BaseException) -> StepResult:
-    info: dict[str, Any] = {"error": f"{type(exc).__name__}: {exc}"}
+    info: dict[str, Any] = {"error": f"{type(exc).__name__}: {exc}", "traceback": format_traceback(exc)}
     return StepResult(done=True, outcome=outcome, info=info)
+
+
+def format_traceback(exc: BaseException) -> str:
+    """The full traceback of ``exc`` (chained causes included), as the trajectory records it."""
+    return "".join(traceback.format_exception(exc))

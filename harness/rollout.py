@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from labrl.envs.base import Env
-from labrl.envs.runner import run_episode
+from labrl.envs.runner import Episode, run_episode
 from labrl.envs.types import Message, Task, ToolSpec
 from labrl.harness.tokenizer import Tokenizer
 from labrl.harness.types import NO_VERSION, GenerateRequest, Sampler, SamplingParams, Trajectory
@@ -117,8 +117,18 @@ async def rollout(
         num_turns=episode.num_turns,
         routed_experts_T_L_K=rec.routed,
         timings={"generation_s": rec.generation_s, "env_s": episode.timings["env_s"], "wall_s": wall},
-        info={"error": episode.error} if episode.error else {},
+        info=_error_info(episode),
     )
+
+
+def _error_info(episode: Episode) -> dict[str, str]:
+    """What went wrong in a failed episode: one line (``error``) and the full ``traceback`` when known."""
+    info = {}
+    if episode.error:
+        info["error"] = episode.error
+    if episode.traceback:
+        info["traceback"] = episode.traceback
+    return info
 
 
 async def rollout_group(
