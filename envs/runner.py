@@ -7,7 +7,7 @@ harness's token-recording sampler wrapper. The runner owns the loop::
     obs = reset(task); messages = obs.messages
     repeat: text = policy(messages, tools); result = step(parse(text));
             messages += [assistant text, *result.observation.messages]
-    until done or truncated
+    until done or truncated (or the policy raises EpisodeTruncated: context full)
 
 and returns an ``Episode`` record: transcript, per-turn results, the final
 outcome and reward, and timings split into policy time and env time (the
@@ -34,6 +34,16 @@ from labrl.envs.types import Action, Message, Outcome, StepResult, Task, ToolSpe
 from labrl.errors import EnvError, EnvTimeoutError
 
 Policy = Callable[[Sequence[Message], Sequence[ToolSpec]], Awaitable[str | Action]]
+
+
+class EpisodeTruncated(Exception):
+    """Raised by a policy that cannot reply (its context window is full): the episode ends truncated.
+
+    After at least one turn the episode is an ordinary truncated one (outcome
+    of the last step, reward as scored so far, ``truncated=True``); before the
+    first reply there is nothing to train on, so it is an ``env_error`` (the
+    env's prompt does not fit the policy's context).
+    """
 
 
 class Turn(BaseModel):
@@ -90,7 +100,18 @@ async def run_episode(env: Env, task: Task, policy: Policy, *, max_turns: int | 
     result = StepResult()
     while len(turns) < limit:
         t0 = time.perf_counter()
-        reply = await policy(tuple(messages), tuple(tools))
+        try:
+            reply = await policy(tuple(messages), tuple(tools))
+        except EpisodeTruncated as stop:
+            if not turns:
+                return Episode(
+                    env_id=env.spec.id, task=task, messages=tuple(messages), turns=(),
+                    outcome=Outcome.ENV_ERROR, reward=None, done=False, truncated=True,
+                    timings={"reset_s": reset_s, "policy_s": time.perf_counter() - t0, "env_s": reset_s},
+                    error=f"the first prompt does not fit the policy: {stop}",
+                )  # fmt: skip
+            result = result.model_copy(update={"info": {**result.info, "truncated_by_policy": str(stop)}})
+            break
         t1 = time.perf_counter()
         action = reply if isinstance(reply, Action) else parse_action(reply)
         try:

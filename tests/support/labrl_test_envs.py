@@ -294,3 +294,24 @@ FIXTURES = {
     "test/calculator-v0": CalculatorEnv,
     "test/offload-v0": OffloadEnv,
 }
+
+
+class EndlessToolEnv(Env):
+    """Every reply gets a tool message back and the episode never finishes by itself (max_turns 50):
+    a conversation that grows until it outgrows the policy's context."""
+
+    TOOLS = (ToolSpec(name="measure", description="measure a sample"),)
+
+    def __init__(self, prompt: str = "go") -> None:
+        self.spec = EnvSpec(id="test/endless-tools-v0", budgets=Budgets(max_turns=50), tools=self.TOOLS)
+        self.prompt = prompt
+
+    def make_task(self, split: Any, seed: int) -> Task:
+        return Task(env_id=self.spec.id, split=split, seed=seed, task_id=f"endless{seed}")
+
+    async def reset(self, task: Task) -> Observation:
+        return Observation(messages=(Message(role="user", content=self.prompt),), tools=self.TOOLS)
+
+    async def step(self, action: Action) -> StepResult:
+        reply = Message(role="tool", content="reading: 42.0 counts")
+        return StepResult(observation=Observation(messages=(reply,)), reward=0.0)
