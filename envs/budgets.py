@@ -14,6 +14,8 @@ deadlines. Per step it applies, in order:
        EnvTimeoutError,
        step deadline      -> timeout         (episode ends, no reward)
        any other error    -> env_error       (episode ends, no reward)
+       LabAuthError       -> raised          (STOPS_THE_RUN: the lab refused our key;
+                                              every episode would fail alike)
 
    Outcomes other than invalid_action carry ``info["error"]`` (one line) and
    ``info["traceback"]`` (the full traceback, for the run's error log).
@@ -36,7 +38,18 @@ from typing import Any, TypeVar
 
 from labrl.envs.base import Env, no_episode_error
 from labrl.envs.types import Action, Message, Observation, Outcome, Split, StepResult, Task
-from labrl.errors import EnvError, EnvTimeoutError, InvalidActionError, TransientEnvError, VerifierError
+from labrl.errors import (
+    EnvError,
+    EnvTimeoutError,
+    InvalidActionError,
+    LabAuthError,
+    TransientEnvError,
+    VerifierError,
+)
+
+# Errors that say the setup is wrong (a lab refusing our key), not this episode: every episode would
+# fail the same way, so they stop the env and the run instead of becoming an outcome or a reward.
+STOPS_THE_RUN: tuple[type[BaseException], ...] = (LabAuthError,)
 
 T = TypeVar("T")
 
@@ -104,7 +117,7 @@ class BudgetedEnv(Env):
             observation = await self._with_retries(
                 "reset", self.spec.budgets.reset_timeout_s, lambda: self.env.reset(task)
             )
-        except (EnvTimeoutError, EnvError):
+        except (EnvTimeoutError, EnvError, *STOPS_THE_RUN):
             raise
         except Exception as exc:
             raise EnvError(f"{self.spec.id}: reset failed: {type(exc).__name__}: {exc}") from exc
@@ -120,6 +133,8 @@ class BudgetedEnv(Env):
             result = await self._with_retries(
                 "step", self.spec.budgets.step_timeout_s, lambda: self.env.step(action)
             )
+        except STOPS_THE_RUN:
+            raise
         except InvalidActionError as exc:
             result = self._invalid_action(str(exc), last_turn)
         except VerifierError as exc:

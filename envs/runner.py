@@ -16,7 +16,9 @@ split the pipeline's metrics need).
 Failures of the env are data (outcome ``timeout`` / ``env_error`` /
 ``verifier_failed`` with ``reward=None``), whatever the env, its verifier or
 its judge raised, wrapped in ``BudgetedEnv`` or not: ``Episode.error`` holds
-one line and ``Episode.traceback`` the full traceback. Failures of the policy
+one line and ``Episode.traceback`` the full traceback. The exception is an
+error that says the setup is wrong (``budgets.STOPS_THE_RUN``: a lab refusing
+our key), which propagates and stops the run. Failures of the policy
 (the sampler) are the caller's and propagate.
 """
 
@@ -29,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from labrl.envs.actions import parse_action
 from labrl.envs.base import Env
-from labrl.envs.budgets import format_traceback
+from labrl.envs.budgets import STOPS_THE_RUN, format_traceback
 from labrl.envs.types import Action, Message, Outcome, StepResult, Task, ToolSpec
 from labrl.errors import EnvError, EnvTimeoutError
 
@@ -84,6 +86,8 @@ async def run_episode(env: Env, task: Task, policy: Policy, *, max_turns: int | 
     started = time.perf_counter()
     try:
         observation = await env.reset(task)
+    except STOPS_THE_RUN:
+        raise
     except Exception as exc:  # any env bug is this episode's env_error, never a crashed run
         outcome = Outcome.TIMEOUT if isinstance(exc, EnvTimeoutError) else Outcome.ENV_ERROR
         elapsed = time.perf_counter() - started
@@ -116,6 +120,8 @@ async def run_episode(env: Env, task: Task, policy: Policy, *, max_turns: int | 
         action = reply if isinstance(reply, Action) else parse_action(reply)
         try:
             result = await env.step(action)
+        except STOPS_THE_RUN:
+            raise
         except Exception as exc:  # an env not wrapped in BudgetedEnv, or a bug in the wrapper
             outcome = Outcome.TIMEOUT if isinstance(exc, EnvTimeoutError) else Outcome.ENV_ERROR
             info = {"error": f"{type(exc).__name__}: {exc}", "traceback": format_traceback(exc)}

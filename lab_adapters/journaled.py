@@ -36,7 +36,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from labrl.errors import LabError, LabRejectedError, LabTimeoutError
+from labrl.errors import LabAuthError, LabError, LabRejectedError, LabTimeoutError
 from labrl.lab_adapters.journal import Journal, JournalEntry
 from labrl.lab_adapters.protocol import (
     JobRef,
@@ -192,7 +192,7 @@ class JournaledLab:
         while True:
             try:
                 return await call()
-            except LabRejectedError:
+            except (LabRejectedError, LabAuthError):  # retrying cannot help: the request or the key is wrong
                 raise
             except LabError:
                 self.stats["driver_retries"] += 1
@@ -232,7 +232,7 @@ class JournaledLab:
                     self.stats["fallback_polls"] += 1
                     try:
                         status = await self.adapter.status(job)
-                    except LabRejectedError:
+                    except (LabRejectedError, LabAuthError):
                         raise
                     except LabError:
                         continue
@@ -252,6 +252,11 @@ class JournaledLab:
         while True:
             try:
                 page = await self.adapter.events(after, self.config.feed_wait_s)
+            except LabAuthError as exc:  # every waiter would wait for nothing: fail them all now
+                for waiter in self._waiters.values():
+                    if not waiter.done():
+                        waiter.set_exception(exc)
+                return
             except LabError as exc:
                 self.stats["feed_errors"] += 1
                 log.debug("completion feed failed (%s); retrying", type(exc).__name__)

@@ -52,12 +52,39 @@ def cpu_pool() -> ProcessPoolExecutor:
         return _pool
 
 
-def shutdown_cpu_pool() -> None:
+def shutdown_cpu_pool(*, terminate: bool = False) -> None:
+    """Shut the shared pool down (queued work cancelled; running work finishes in the background).
+
+    ``terminate=True`` also stops the worker processes now (SIGTERM, then SIGKILL after 5 s) and
+    the forkserver they were forked from, so a process that exits (a server on SIGTERM) leaves no
+    pool process behind: workers forked by the forkserver are not our children and would
+    otherwise outlive us as orphans.
+    """
     global _pool
     with _pool_lock:
-        if _pool is not None:
-            _pool.shutdown(wait=False, cancel_futures=True)
-            _pool = None
+        pool, _pool = _pool, None
+    if pool is not None:
+        workers = list((getattr(pool, "_processes", None) or {}).values())  # CPython keeps them here
+        pool.shutdown(wait=False, cancel_futures=True)
+        if terminate:
+            for worker in workers:
+                if worker.is_alive():
+                    worker.terminate()
+            for worker in workers:
+                worker.join(timeout=5)
+                if worker.is_alive():
+                    worker.kill()
+                    worker.join(timeout=5)
+    if terminate:
+        _stop_forkserver()
+
+
+def _stop_forkserver() -> None:
+    from multiprocessing import forkserver
+
+    stop = getattr(forkserver._forkserver, "_stop", None)  # private, present in CPython 3.8+
+    if stop is not None:
+        stop()
 
 
 atexit.register(shutdown_cpu_pool)

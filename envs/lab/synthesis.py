@@ -47,7 +47,7 @@ from typing import Any, ClassVar
 from labrl.envs.base import Env
 from labrl.envs.lab.session import LabSettings, check_settings, connection
 from labrl.envs.types import Action, Budgets, EnvSpec, Message, Observation, Split, StepResult, Task
-from labrl.errors import ConfigError, EnvError, InvalidActionError, LabError, LabRejectedError
+from labrl.errors import ConfigError, EnvError, InvalidActionError, LabAuthError, LabError, LabRejectedError
 from labrl.lab_adapters import recipes
 from labrl.lab_adapters.protocol import JobState, request_hash
 
@@ -212,6 +212,8 @@ class SynthesisEnv(Env):
         try:
             async with self.pool("lab"):
                 outcome = await conn.lab.run(request, key)
+        except LabAuthError:
+            raise  # a setup error: stops the env (and the run), never scored as the model's action
         except LabRejectedError as exc:
             raise InvalidActionError(f"the lab refused the recipe: {exc}") from exc
         except LabError as exc:
@@ -221,6 +223,8 @@ class SynthesisEnv(Env):
             return status.result["xrd"], None, key
         if status.state is JobState.FAILED:
             return None, status.error or "the experiment failed", key
+        if status.state is JobState.REJECTED:  # refused before (the journal replays the refusal)
+            raise InvalidActionError(f"the lab refused the recipe: {status.error}")
         raise EnvError(f"experiment {key} ended {status.state.value}: {status.error}")
 
     async def step(self, action: Action) -> StepResult:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from ase import Atoms
 
-from labrl.errors import ConfigError, EnvError, InvalidActionError, LabError, LabRejectedError
+from labrl.errors import ConfigError, EnvError, InvalidActionError, LabAuthError, LabError, LabRejectedError
 from labrl.lab_adapters.calculators import check_backend
 from labrl.lab_adapters.protocol import JobState, LabAdapter
 from labrl.lab_adapters.simulator import SimulatorAdapter
@@ -131,6 +131,8 @@ class Calculator:
         try:
             job = await adapter.submit(request, idempotency_key=f"calc-{request_hash(request)}")
             status = await adapter.wait(job, self.timeout_s)
+        except LabAuthError:
+            raise  # a setup error: stops the env (and the run), never scored as the model's action
         except LabRejectedError as exc:
             raise InvalidActionError(f"the lab refused the calculation: {exc}") from exc
         except LabError as exc:
