@@ -19,6 +19,8 @@ deadlines. Per step it applies, in order:
 
    Outcomes other than invalid_action carry ``info["error"]`` (one line) and
    ``info["traceback"]`` (the full traceback, for the run's error log).
+   A step whose reward is NaN or infinite is ``verifier_failed`` too
+   (``info["non_finite_reward"]``): a broken scorer never reaches training.
 5. ``max_turns``: the step that uses the last turn ends the episode with
    ``truncated=True`` if the env did not finish it.
 
@@ -31,6 +33,7 @@ the episode runner records it.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
@@ -143,6 +146,7 @@ class BudgetedEnv(Env):
             result = _failed(Outcome.TIMEOUT, exc)
         except Exception as exc:  # a broken env is env_error, never a reward
             result = _failed(Outcome.ENV_ERROR, exc)
+        result = _finite_reward(result)
         if last_turn and not (result.done or result.truncated):
             result = result.model_copy(
                 update={"truncated": True, "info": {**result.info, "max_turns_reached": True}}
@@ -164,6 +168,14 @@ class BudgetedEnv(Env):
 def _failed(outcome: Outcome, exc: BaseException) -> StepResult:
     info: dict[str, Any] = {"error": f"{type(exc).__name__}: {exc}", "traceback": format_traceback(exc)}
     return StepResult(done=True, outcome=outcome, info=info)
+
+
+def _finite_reward(result: StepResult) -> StepResult:
+    """A NaN or infinite reward is a broken scorer: ``verifier_failed`` (no reward), flagged for the checker."""
+    if result.reward is None or math.isfinite(result.reward):
+        return result
+    info = {"error": f"the env returned reward {result.reward} (not finite)", "non_finite_reward": True}
+    return StepResult(done=True, outcome=Outcome.VERIFIER_FAILED, info=info)
 
 
 def format_traceback(exc: BaseException) -> str:
