@@ -302,11 +302,11 @@ class _Checker:
                     try:
                         async with _LoopWatch() as watch:
                             await played.reset(task)
-                        worst = max(worst, (watch.longest, f"reset on train seed {seed}"))
+                        worst = max(worst, (watch.longest, f"reset on train seed {seed}"), key=_stall)
                         for action in actions:
                             async with _LoopWatch() as watch:
                                 result = await played.step(action)
-                            worst = max(worst, (watch.longest, f"step on train seed {seed}"))
+                            worst = max(worst, (watch.longest, f"step on train seed {seed}"), key=_stall)
                             if result.done or result.truncated:
                                 break
                     finally:
@@ -321,6 +321,10 @@ class _Checker:
                 "and sleep with asyncio.sleep"
             )
         return f"longest event-loop stall {stall * 1000:.0f} ms ({where or 'none'})"
+
+
+def _stall(measured: tuple[float, str]) -> float:
+    return measured[0]
 
 
 class _LoopWatch:

@@ -72,6 +72,7 @@ class PhaseIdEnv(Env):
     """Single-turn phase identification (see the module docstring)."""
 
     env_id = SINGLE_ID
+    options_model = PhaseIdConfig  # the accepted options (labrl envs show, "did you mean" on a typo)
 
     def __init__(self, **options: Any) -> None:
         self.config = _config(self.env_id, options)

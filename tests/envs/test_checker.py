@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -92,7 +93,9 @@ def test_checker_fails_an_env_that_blocks_the_event_loop():
     report = check_env("test/blocking-v0", seeds=2)
     loop = next(c for c in report.checks if c.name == "event_loop")
     assert not report.passed and not loop.passed
-    assert loop.detail.startswith("step on train seed 0 blocked the event loop for 1.")
+    assert re.match(
+        r"step on train seed \d blocked the event loop for 1\.\d\d s \(limit 0\.5 s\)", loop.detail
+    )
     assert all(c.passed for c in report.checks if c.name not in ("event_loop", "timeout")), report.checks
 
 
@@ -101,7 +104,6 @@ def test_checker_fails_an_env_with_a_nan_reward():
     rewards = next(c for c in report.checks if c.name == "rewards")
     assert not report.passed and not rewards.passed
     assert "non-finite reward" in rewards.detail and "reward nan" in rewards.detail
-    assert next(c for c in report.checks if c.name == "event_loop").passed
 
 
 async def test_nan_reward_is_verifier_failed_not_trained():
