@@ -13,7 +13,7 @@ from labrl.envs.base import Env
 from labrl.envs.budgets import BudgetedEnv
 from labrl.envs.checker import CheckReport, check_env, check_env_async
 from labrl.envs.registry import deregister, load_plugins, make, register, registered_ids, spec
-from labrl.envs.runner import Episode, Policy, Turn, run_episode, scripted_policy
+from labrl.envs.runner import Episode, EpisodeTruncated, Policy, Turn, run_episode, scripted_policy
 from labrl.envs.types import (
     Action,
     Budgets,
@@ -36,6 +36,7 @@ __all__ = [
     "Env",
     "EnvSpec",
     "Episode",
+    "EpisodeTruncated",
     "Message",
     "Observation",
     "Outcome",

@@ -4,7 +4,8 @@ Tool calls are written the way Hermes/Qwen chat templates teach models to::
 
     <tool_call>{"name": "simulate", "arguments": {"phase_id": "mp-123"}}</tool_call>
 
-Parsing never raises: a block that is not valid JSON, or lacks a string
+Parsing never raises: a block that is not valid JSON (including JSON nested
+past the recursion limit or an integer too long to convert), or lacks a string
 ``name`` or an object ``arguments``, leaves ``Action.parse_error`` set, and the
 env answers ``invalid_action`` with that message so the model can correct
 itself. Call ids are positional (``call_0``, ``call_1``...), so the same text
@@ -17,6 +18,7 @@ import json
 import re
 
 from labrl.envs.types import Action, ToolCall
+from labrl.untrusted_text import UntrustedJSONError, loads
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
@@ -37,9 +39,9 @@ def parse_action(text: str) -> Action:
             errors.append(f"tool call {index} is missing its closing {TOOL_CALL_CLOSE}")
             continue
         try:
-            payload = json.loads(body)
-        except json.JSONDecodeError as exc:
-            errors.append(f"tool call {index} is not valid JSON ({exc.msg} at char {exc.pos})")
+            payload = loads(body)
+        except UntrustedJSONError as exc:  # also nesting too deep, integers too long
+            errors.append(f"tool call {index} is not valid JSON ({exc.msg})")
             continue
         if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
             errors.append(f'tool call {index} must be an object with a string "name"')

@@ -35,6 +35,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, ClassVar, TypeVar
 
+from pydantic import BaseModel
+
 from labrl.envs.pools import get_pool
 from labrl.envs.types import Action, EnvSpec, Observation, Split, StepResult, Task
 from labrl.errors import ConfigError, EnvError, EnvTimeoutError, VerifierError
@@ -56,6 +58,9 @@ class Env(ABC):
     invalid_action_reward: ClassVar[float] = 0.0
     #: the running episode's task; ``reset`` sets it, ``episode_task()`` reads it
     _task: Task | None = None
+    #: the pydantic model an env taking ``**options`` validates them with: ``make`` then knows the
+    #: accepted names ("did you mean"), ``labrl envs show`` lists them. None: the constructor's signature.
+    options_model: ClassVar[type[BaseModel] | None] = None
 
     @abstractmethod
     def make_task(self, split: Split, seed: int) -> Task:

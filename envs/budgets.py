@@ -14,7 +14,13 @@ deadlines. Per step it applies, in order:
        EnvTimeoutError,
        step deadline      -> timeout         (episode ends, no reward)
        any other error    -> env_error       (episode ends, no reward)
+       LabAuthError       -> raised          (STOPS_THE_RUN: the lab refused our key;
+                                              every episode would fail alike)
 
+   Outcomes other than invalid_action carry ``info["error"]`` (one line) and
+   ``info["traceback"]`` (the full traceback, for the run's error log).
+   A step whose reward is NaN or infinite is ``verifier_failed`` too
+   (``info["non_finite_reward"]``): a broken scorer never reaches training.
 5. ``max_turns``: the step that uses the last turn ends the episode with
    ``truncated=True`` if the env did not finish it.
 
@@ -27,13 +33,26 @@ the episode runner records it.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
+import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from labrl.envs.base import Env, no_episode_error
 from labrl.envs.types import Action, Message, Observation, Outcome, Split, StepResult, Task
-from labrl.errors import EnvError, EnvTimeoutError, InvalidActionError, TransientEnvError, VerifierError
+from labrl.errors import (
+    EnvError,
+    EnvTimeoutError,
+    InvalidActionError,
+    LabAuthError,
+    TransientEnvError,
+    VerifierError,
+)
+
+# Errors that say the setup is wrong (a lab refusing our key), not this episode: every episode would
+# fail the same way, so they stop the env and the run instead of becoming an outcome or a reward.
+STOPS_THE_RUN: tuple[type[BaseException], ...] = (LabAuthError,)
 
 T = TypeVar("T")
 
@@ -101,7 +120,7 @@ class BudgetedEnv(Env):
             observation = await self._with_retries(
                 "reset", self.spec.budgets.reset_timeout_s, lambda: self.env.reset(task)
             )
-        except (EnvTimeoutError, EnvError):
+        except (EnvTimeoutError, EnvError, *STOPS_THE_RUN):
             raise
         except Exception as exc:
             raise EnvError(f"{self.spec.id}: reset failed: {type(exc).__name__}: {exc}") from exc
@@ -117,6 +136,8 @@ class BudgetedEnv(Env):
             result = await self._with_retries(
                 "step", self.spec.budgets.step_timeout_s, lambda: self.env.step(action)
             )
+        except STOPS_THE_RUN:
+            raise
         except InvalidActionError as exc:
             result = self._invalid_action(str(exc), last_turn)
         except VerifierError as exc:
@@ -125,6 +146,7 @@ class BudgetedEnv(Env):
             result = _failed(Outcome.TIMEOUT, exc)
         except Exception as exc:  # a broken env is env_error, never a reward
             result = _failed(Outcome.ENV_ERROR, exc)
+        result = _finite_reward(result)
         if last_turn and not (result.done or result.truncated):
             result = result.model_copy(
                 update={"truncated": True, "info": {**result.info, "max_turns_reached": True}}
@@ -144,5 +166,18 @@ class BudgetedEnv(Env):
 
 
 def _failed(outcome: Outcome, exc: BaseException) -> StepResult:
-    info: dict[str, Any] = {"error": f"{type(exc).__name__}: {exc}"}
+    info: dict[str, Any] = {"error": f"{type(exc).__name__}: {exc}", "traceback": format_traceback(exc)}
     return StepResult(done=True, outcome=outcome, info=info)
+
+
+def _finite_reward(result: StepResult) -> StepResult:
+    """A NaN or infinite reward is a broken scorer: ``verifier_failed`` (no reward), flagged for the checker."""
+    if result.reward is None or math.isfinite(result.reward):
+        return result
+    info = {"error": f"the env returned reward {result.reward} (not finite)", "non_finite_reward": True}
+    return StepResult(done=True, outcome=Outcome.VERIFIER_FAILED, info=info)
+
+
+def format_traceback(exc: BaseException) -> str:
+    """The full traceback of ``exc`` (chained causes included), as the trajectory records it."""
+    return "".join(traceback.format_exception(exc))

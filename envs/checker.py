@@ -14,7 +14,13 @@ machine-readable ``CheckReport``:
 - ``invalid_action``: garbage actions give outcome ``invalid_action``, never
   an exception or a scored answer;
 - ``gold``: where the env knows the answer, playing it earns full reward;
-- ``max_turns``: a random policy's episode ends within ``max_turns``.
+- ``max_turns``: a random policy's episode ends within ``max_turns``;
+- ``rewards``: gold and random actions on several seeds never give a NaN or
+  infinite reward (the budget wrapper turns one into ``verifier_failed``;
+  this check names the env that produced it);
+- ``event_loop``: reset and step never hold the event loop longer than
+  ``LOOP_STALL_LIMIT_S`` (a heartbeat coroutine measures the longest gap):
+  an env that computes or sleeps synchronously stalls every other episode.
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ GARBAGE_ACTIONS = (
 )
 FULL_REWARD = 1.0
 TIMEOUT_SLACK_S = 1.0
+LOOP_STALL_LIMIT_S = 0.5  # generous for a loaded 2-core machine; a blocking env stalls far longer
+HEARTBEAT_S = 0.005
 
 
 class CheckResult(BaseModel):
@@ -257,6 +265,97 @@ class _Checker:
             )
         return f"random episode ended after {episode.num_turns} turn(s), outcome {episode.outcome.value}"
 
+    def _probe_actions(self, env: Env, task: Task, seed: int) -> list[list[Action]]:
+        gold = env.gold_actions(task)
+        plays = [[env.random_action(task, random.Random(seed))]]
+        if gold:
+            plays.append(list(gold))
+        return plays
+
+    async def check_rewards(self) -> str:
+        env = self.fresh()
+        steps = 0
+        try:
+            for split in ("train", "test"):
+                for seed in self.seeds[:3]:
+                    task = env.make_task(split, seed)
+                    for actions in self._probe_actions(env, task, seed):
+                        for result in await self.play(task, actions):
+                            steps += 1
+                            if result.info.get("non_finite_reward"):
+                                raise CheckFailed(
+                                    f"a step on {split} seed {seed} returned a non-finite reward: "
+                                    f"{result.info.get('error')}"
+                                )
+        finally:
+            await env.close()
+        return f"{steps} steps, every reward finite or None"
+
+    async def check_event_loop(self) -> str:
+        env = self.fresh()
+        worst = (0.0, "")
+        try:
+            for seed in self.seeds[:2]:
+                task = env.make_task("train", seed)
+                for actions in self._probe_actions(env, task, seed):
+                    played = self.fresh()
+                    try:
+                        async with _LoopWatch() as watch:
+                            await played.reset(task)
+                        worst = max(worst, (watch.longest, f"reset on train seed {seed}"), key=_stall)
+                        for action in actions:
+                            async with _LoopWatch() as watch:
+                                result = await played.step(action)
+                            worst = max(worst, (watch.longest, f"step on train seed {seed}"), key=_stall)
+                            if result.done or result.truncated:
+                                break
+                    finally:
+                        await played.close()
+        finally:
+            await env.close()
+        stall, where = worst
+        if stall > LOOP_STALL_LIMIT_S:
+            raise CheckFailed(
+                f"{where} blocked the event loop for {stall:.2f} s (limit {LOOP_STALL_LIMIT_S} s): "
+                "run CPU-heavy work with run_cpu / self.score, blocking calls with run_killable, "
+                "and sleep with asyncio.sleep"
+            )
+        return f"longest event-loop stall {stall * 1000:.0f} ms ({where or 'none'})"
+
+
+def _stall(measured: tuple[float, str]) -> float:
+    return measured[0]
+
+
+class _LoopWatch:
+    """Measures the longest time the event loop went without running a heartbeat coroutine."""
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _beat(self) -> None:
+        last = time.perf_counter()
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            now = time.perf_counter()
+            self.longest = max(self.longest, now - last - HEARTBEAT_S)
+            last = now
+
+    async def __aenter__(self) -> _LoopWatch:
+        self._task = asyncio.create_task(self._beat())
+        await asyncio.sleep(0)  # let the heartbeat take its first timestamp
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.sleep(HEARTBEAT_S * 2)  # a stall just before exit is measured too
+        assert self._task is not None
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+
 
 async def check_env_async(env_id: str, *, seeds: int = 8, **make_kwargs: Any) -> CheckReport:
     checker = _Checker(env_id, seeds, make_kwargs)
@@ -269,6 +368,8 @@ async def check_env_async(env_id: str, *, seeds: int = 8, **make_kwargs: Any) ->
         ("invalid_action", checker.check_invalid_action),
         ("gold", checker.check_gold),
         ("max_turns", checker.check_max_turns),
+        ("rewards", checker.check_rewards),
+        ("event_loop", checker.check_event_loop),
     ]
     results = []
     for name, run in checks:

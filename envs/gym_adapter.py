@@ -11,6 +11,20 @@ call to completion on it, so it suits synchronous Gymnasium tooling (and
 Gymnasium's ``check_env``), not thousands of concurrent episodes: use
 ``labrl.envs.run_episode`` for those.
 
+Gymnasium's registry: importing this module registers every labrl env under
+Gymnasium's ``labrl`` namespace, so Gymnasium's own ``make`` finds them::
+
+    import gymnasium
+    env = gymnasium.make("labrl.envs.gym_adapter:labrl/xrd-phase-id-v0", tier=2)
+    # or: import labrl.envs.gym_adapter; gymnasium.make("labrl/xrd-phase-id-v0")
+
+Gymnasium ids cannot hold a second ``/``, so the mapping is
+``namespace/name-vN`` -> ``labrl/namespace-name-vN`` (``gymnasium_id``);
+the way back (``labrl_id``) is the table built at registration, which
+refuses two labrl ids that would map to the same Gymnasium id (namespaces
+may contain ``-``). Keyword arguments of ``gymnasium.make`` are this
+adapter's (``split``, ``max_observation_chars``) and the env's options.
+
 Observations are the new messages rendered as ``[role] content`` lines.
 Gymnasium's ``Text`` space needs a fixed character set, so characters outside
 printable ASCII are written as Python escapes (``Å`` -> ``\\xc5``) and the text
@@ -29,8 +43,9 @@ from gymnasium import spaces
 
 from labrl.envs.actions import parse_action
 from labrl.envs.base import Env
-from labrl.envs.registry import make
-from labrl.envs.types import Message, Split
+from labrl.envs.registry import make, registered_ids
+from labrl.envs.types import ENV_ID_PATTERN, Message, Split
+from labrl.errors import RegistryError
 
 CHARSET = string.printable
 MAX_ACTION_CHARS = 8192
@@ -95,3 +110,50 @@ class GymnasiumEnv(gymnasium.Env[str, str]):
         if not self._loop.is_closed():
             self._run(self.env.close())
             self._loop.close()
+
+
+GYMNASIUM_NAMESPACE = "labrl"
+_GYM_TO_LABRL: dict[str, str] = {}
+
+
+def gymnasium_id(env_id: str) -> str:
+    """``xrd/phase-id-v0`` -> ``labrl/xrd-phase-id-v0`` (see the module docstring)."""
+    match = ENV_ID_PATTERN.match(env_id)
+    if match is None:
+        raise RegistryError(f"{env_id!r} is not a labrl env id ('namespace/name-vN')")
+    prefix = f"{match['namespace']}-" if match["namespace"] else ""
+    return f"{GYMNASIUM_NAMESPACE}/{prefix}{match['name']}-v{match['version']}"
+
+
+def labrl_id(gym_id: str) -> str:
+    """The labrl env registered under Gymnasium id ``gym_id`` (after ``register_gymnasium_envs``)."""
+    try:
+        return _GYM_TO_LABRL[gym_id]
+    except KeyError:
+        raise RegistryError(f"{gym_id!r} is not a registered labrl env in Gymnasium") from None
+
+
+def register_gymnasium_envs() -> dict[str, str]:
+    """Register every labrl env (built-in and plugins) in Gymnasium's registry; returns gym id -> labrl id.
+
+    Idempotent: ids already registered by this function are skipped. A labrl id whose Gymnasium
+    id is taken by another labrl id is refused with ``RegistryError``.
+    """
+    for env_id in registered_ids():
+        gym_id = gymnasium_id(env_id)
+        owner = _GYM_TO_LABRL.get(gym_id)
+        if owner == env_id:
+            continue
+        if owner is not None:
+            raise RegistryError(f"{env_id} and {owner} both map to the Gymnasium id {gym_id}; rename one")
+        gymnasium.register(
+            id=gym_id,
+            entry_point="labrl.envs.gym_adapter:GymnasiumEnv",
+            kwargs={"env": env_id},
+            disable_env_checker=False,
+        )
+        _GYM_TO_LABRL[gym_id] = env_id
+    return dict(_GYM_TO_LABRL)
+
+
+register_gymnasium_envs()

@@ -28,6 +28,7 @@ import difflib
 import functools
 import importlib
 import inspect
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -36,7 +37,7 @@ from typing import Any
 from labrl.envs.base import Env
 from labrl.envs.budgets import BudgetedEnv
 from labrl.envs.types import ENV_ID_PATTERN, Budgets, EnvSpec
-from labrl.errors import ConfigError, RegistryError
+from labrl.errors import ConfigError, LabrlError, RegistryError
 
 ENTRY_POINT_GROUP = "labrl.envs"
 
@@ -61,7 +62,13 @@ class Registration:
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
-            raise RegistryError(f"cannot import {module_name!r} for env {self.id}: {exc}") from exc
+            raise RegistryError(
+                f"cannot import {module_name!r} for env {self.id} ({self.source}): {exc}"
+            ) from exc
+        except Exception as exc:  # a plugin module that fails at import: one line naming it, no traceback
+            raise RegistryError(
+                f"importing {module_name!r} for env {self.id} ({self.source}) failed: {type(exc).__name__}: {exc}"
+            ) from exc
         try:
             return getattr(module, attr)
         except AttributeError:
@@ -108,7 +115,11 @@ def load_plugins() -> list[str]:
         if ep.name in _REGISTRY:
             continue
         dist = ep.dist.name if ep.dist is not None else "unknown distribution"
-        register(ep.name, ep.value, source=dist)
+        try:
+            register(ep.name, ep.value, source=dist)
+        except RegistryError as exc:  # one broken plugin must not take the others (or the CLI) down
+            warnings.warn(f"skipping env entry point of {dist}: {exc}", RuntimeWarning, stacklevel=2)
+            continue
         added.append(ep.name)
     return added
 
@@ -141,8 +152,13 @@ def _unknown_id_message(env_id: str) -> str:
 def _accepted_options(factory: Callable[..., Env]) -> tuple[str, ...] | None:
     """Keyword names ``factory`` accepts, or None when it takes ``**kwargs`` (or has no signature).
 
-    Cached: ``make`` runs once per episode, thousands of times a second.
+    An env class that validates ``**options`` with a pydantic model names it in ``options_model``;
+    its fields are the accepted names. Cached: ``make`` runs once per episode, thousands of times
+    a second.
     """
+    model = getattr(factory, "options_model", None)
+    if model is not None:
+        return tuple(model.model_fields)
     try:
         signature = inspect.signature(factory)
     except (TypeError, ValueError):
@@ -166,7 +182,15 @@ def _build(factory: Callable[..., Env], env_id: str, kwargs: dict[str, Any]) -> 
             raise ConfigError(
                 f"{env_id} does not accept option(s) {', '.join(hints)}; accepted: {', '.join(accepted) or 'none'}"
             )
-    env = factory(**kwargs)
+    try:
+        env = factory(**kwargs)
+    except LabrlError:
+        raise
+    except Exception as exc:  # a bug in the env's constructor: one line naming the env and its source
+        source = _REGISTRY[env_id].source if env_id in _REGISTRY else "unregistered"
+        raise RegistryError(
+            f"env {env_id} ({source}) failed to construct: {type(exc).__name__}: {exc}"
+        ) from exc
     if not isinstance(env, Env):
         raise RegistryError(f"entry point of {env_id} returned {type(env).__name__}, not a labrl.envs.Env")
     return env
@@ -207,3 +231,45 @@ def _merge_budgets(current: Budgets, overrides: Mapping[str, Any], env_id: str) 
 def spec(env_id: str) -> EnvSpec:
     """The spec of ``env_id`` (builds the env once with its registered defaults)."""
     return make(env_id, checked=False).spec
+
+
+def env_options(env_id: str) -> list[dict[str, Any]]:
+    """The options ``make(env_id, **options)`` accepts: name, default, type and description.
+
+    From the env's ``options_model`` (pydantic) when it has one, else from its constructor's
+    signature (``description`` empty). Registered defaults replace the constructor's.
+    """
+    reg = registration(env_id)
+    factory = reg.load()
+    model = getattr(factory, "options_model", None)
+    rows: list[dict[str, Any]] = []
+    if model is not None:
+        for name, info in model.model_fields.items():
+            default = None if info.is_required() else info.get_default(call_default_factory=True)
+            rows.append({"name": name, "default": default, "type": _type_name(info.annotation),
+                         "description": info.description or ""})  # fmt: skip
+    else:
+        try:
+            parameters = inspect.signature(factory).parameters.values()
+        except (TypeError, ValueError):
+            parameters = []  # type: ignore[assignment]
+        for p in parameters:
+            if p.kind not in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD):
+                continue
+            default = None if p.default is inspect.Parameter.empty else p.default
+            annotation = "" if p.annotation is inspect.Parameter.empty else p.annotation
+            rows.append(
+                {"name": p.name, "default": default, "type": _type_name(annotation), "description": ""}
+            )
+    for row in rows:
+        if row["name"] in reg.defaults:
+            row["default"] = reg.defaults[row["name"]]
+    return rows
+
+
+def _type_name(annotation: Any) -> str:
+    if isinstance(annotation, str):
+        return annotation
+    if getattr(annotation, "__origin__", None) is not None:  # Literal[1, 2], list[str], ...
+        return str(annotation).replace("typing.", "")
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")

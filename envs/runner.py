@@ -7,15 +7,19 @@ harness's token-recording sampler wrapper. The runner owns the loop::
     obs = reset(task); messages = obs.messages
     repeat: text = policy(messages, tools); result = step(parse(text));
             messages += [assistant text, *result.observation.messages]
-    until done or truncated
+    until done or truncated (or the policy raises EpisodeTruncated: context full)
 
 and returns an ``Episode`` record: transcript, per-turn results, the final
 outcome and reward, and timings split into policy time and env time (the
 split the pipeline's metrics need).
 
 Failures of the env are data (outcome ``timeout`` / ``env_error`` /
-``verifier_failed`` with ``reward=None``); failures of the policy are the
-caller's bugs and propagate.
+``verifier_failed`` with ``reward=None``), whatever the env, its verifier or
+its judge raised, wrapped in ``BudgetedEnv`` or not: ``Episode.error`` holds
+one line and ``Episode.traceback`` the full traceback. The exception is an
+error that says the setup is wrong (``budgets.STOPS_THE_RUN``: a lab refusing
+our key), which propagates and stops the run. Failures of the policy
+(the sampler) are the caller's and propagate.
 """
 
 from __future__ import annotations
@@ -27,10 +31,21 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from labrl.envs.actions import parse_action
 from labrl.envs.base import Env
+from labrl.envs.budgets import STOPS_THE_RUN, format_traceback
 from labrl.envs.types import Action, Message, Outcome, StepResult, Task, ToolSpec
 from labrl.errors import EnvError, EnvTimeoutError
 
 Policy = Callable[[Sequence[Message], Sequence[ToolSpec]], Awaitable[str | Action]]
+
+
+class EpisodeTruncated(Exception):
+    """Raised by a policy that cannot reply (its context window is full): the episode ends truncated.
+
+    After at least one turn the episode is an ordinary truncated one (outcome
+    of the last step, reward as scored so far, ``truncated=True``); before the
+    first reply there is nothing to train on, so it is an ``env_error`` (the
+    env's prompt does not fit the policy's context).
+    """
 
 
 class Turn(BaseModel):
@@ -57,6 +72,9 @@ class Episode(BaseModel):
     truncated: bool
     timings: dict[str, float]
     error: str | None = None
+    traceback: str | None = Field(
+        default=None, description="full traceback of the error, when one was raised"
+    )
 
     @property
     def num_turns(self) -> int:
@@ -68,13 +86,15 @@ async def run_episode(env: Env, task: Task, policy: Policy, *, max_turns: int | 
     started = time.perf_counter()
     try:
         observation = await env.reset(task)
-    except (EnvTimeoutError, EnvError) as exc:
+    except STOPS_THE_RUN:
+        raise
+    except Exception as exc:  # any env bug is this episode's env_error, never a crashed run
         outcome = Outcome.TIMEOUT if isinstance(exc, EnvTimeoutError) else Outcome.ENV_ERROR
         elapsed = time.perf_counter() - started
         return Episode(
             env_id=env.spec.id, task=task, messages=(), turns=(), outcome=outcome, reward=None,
             done=True, truncated=False, timings={"reset_s": elapsed, "policy_s": 0.0, "env_s": elapsed},
-            error=f"{type(exc).__name__}: {exc}",
+            error=f"{type(exc).__name__}: {exc}", traceback=format_traceback(exc),
         )  # fmt: skip
     reset_s = time.perf_counter() - started
     messages = list(observation.messages)
@@ -84,10 +104,28 @@ async def run_episode(env: Env, task: Task, policy: Policy, *, max_turns: int | 
     result = StepResult()
     while len(turns) < limit:
         t0 = time.perf_counter()
-        reply = await policy(tuple(messages), tuple(tools))
+        try:
+            reply = await policy(tuple(messages), tuple(tools))
+        except EpisodeTruncated as stop:
+            if not turns:
+                return Episode(
+                    env_id=env.spec.id, task=task, messages=tuple(messages), turns=(),
+                    outcome=Outcome.ENV_ERROR, reward=None, done=False, truncated=True,
+                    timings={"reset_s": reset_s, "policy_s": time.perf_counter() - t0, "env_s": reset_s},
+                    error=f"the first prompt does not fit the policy: {stop}",
+                )  # fmt: skip
+            result = result.model_copy(update={"info": {**result.info, "truncated_by_policy": str(stop)}})
+            break
         t1 = time.perf_counter()
         action = reply if isinstance(reply, Action) else parse_action(reply)
-        result = await env.step(action)
+        try:
+            result = await env.step(action)
+        except STOPS_THE_RUN:
+            raise
+        except Exception as exc:  # an env not wrapped in BudgetedEnv, or a bug in the wrapper
+            outcome = Outcome.TIMEOUT if isinstance(exc, EnvTimeoutError) else Outcome.ENV_ERROR
+            info = {"error": f"{type(exc).__name__}: {exc}", "traceback": format_traceback(exc)}
+            result = StepResult(done=True, outcome=outcome, info=info)
         t2 = time.perf_counter()
         turns.append(Turn(action=action, result=result, policy_s=t1 - t0, env_s=t2 - t1))
         messages.append(Message(role="assistant", content=action.text))
@@ -116,6 +154,7 @@ async def run_episode(env: Env, task: Task, policy: Policy, *, max_turns: int | 
             "env_s": reset_s + sum(t.env_s for t in turns),
         },
         error=result.info.get("error") if not outcome.trainable else None,
+        traceback=result.info.get("traceback") if not outcome.trainable else None,
     )
 
 

@@ -10,6 +10,10 @@ model generated::
             tokens += continuation(history, new messages)     loss 0 (tool results, user replies)
             tokens += generated                               loss 1
 
+A turn whose prompt leaves no room in the context (the sampler answers
+``abort`` with no tokens) is dropped and the episode ends truncated with
+``finish_reason="length"``; on the first turn it is an ``env_error``.
+
 Routed experts: each ``generate`` reports routing for its whole prompt and
 output. A token keeps the routing of the forward that first processed it
 (the one whose log-probs the learner sees), so rows already known from an
@@ -28,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from labrl.envs.base import Env
-from labrl.envs.runner import run_episode
+from labrl.envs.runner import Episode, EpisodeTruncated, run_episode
 from labrl.envs.types import Message, Task, ToolSpec
 from labrl.harness.tokenizer import Tokenizer
 from labrl.harness.types import NO_VERSION, GenerateRequest, Sampler, SamplingParams, Trajectory
@@ -47,6 +51,11 @@ class _Recorder:
     finish_reason: str = "stop"
     generation_s: float = 0.0
     turns: int = 0
+
+    def truncate(self, length: int) -> None:
+        """Drop the token rows past ``length`` (``routed`` only ever covers rows already fed)."""
+        for rows in (self.tokens, self.loss_mask, self.logprobs, self.versions):
+            del rows[length:]
 
     def extend(self, ids: Sequence[int], *, generated: bool, logprobs=None, versions=None) -> None:
         self.tokens.extend(ids)
@@ -73,6 +82,7 @@ async def rollout(
     rec = _Recorder()
 
     async def policy(messages: Sequence[Message], tools: Sequence[ToolSpec]) -> str:
+        turn_start = len(rec.tokens)
         if rec.turns == 0:
             rec.extend(tokenizer.chat_prompt(messages, tools), generated=False)
         else:
@@ -88,6 +98,13 @@ async def rollout(
         t0 = time.perf_counter()
         (result,) = await sampler.generate([request])
         rec.generation_s += time.perf_counter() - t0
+        if result.finish_reason == "abort":
+            # The prompt left no room to generate: the conversation outgrew the context. The turn
+            # that did not fit is dropped and the episode ends truncated, as a generation that hit
+            # its length limit (the overlong policy decides whether it is trained).
+            rec.truncate(turn_start)
+            rec.finish_reason = "length"
+            raise EpisodeTruncated(result.info.get("error") or "the conversation outgrew the context window")
         if result.routed_experts_T_L_K is not None:
             rows = result.routed_experts_T_L_K
             known = rec.routed[: rec.routed_valid] if rec.routed is not None else rows[:0]
@@ -117,8 +134,18 @@ async def rollout(
         num_turns=episode.num_turns,
         routed_experts_T_L_K=rec.routed,
         timings={"generation_s": rec.generation_s, "env_s": episode.timings["env_s"], "wall_s": wall},
-        info={"error": episode.error} if episode.error else {},
+        info=_error_info(episode),
     )
+
+
+def _error_info(episode: Episode) -> dict[str, str]:
+    """What went wrong in a failed episode: one line (``error``) and the full ``traceback`` when known."""
+    info = {}
+    if episode.error:
+        info["error"] = episode.error
+    if episode.traceback:
+        info["traceback"] = episode.traceback
+    return info
 
 
 async def rollout_group(

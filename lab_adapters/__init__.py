@@ -24,6 +24,7 @@ from labrl.lab_adapters.protocol import (
     JobStatus,
     LabAdapter,
     SupportsEvents,
+    SupportsSubmitStatus,
     request_hash,
 )
 from labrl.lab_adapters.rest import RestLabAdapter, RestLabConfig
@@ -45,5 +46,6 @@ __all__ = [
     "RestLabConfig",
     "SimulatorAdapter",
     "SupportsEvents",
+    "SupportsSubmitStatus",
     "request_hash",
 ]

@@ -10,9 +10,23 @@ Experiments are expensive; losing one means paying for it twice. So:
    result that reaches the client twice (a retried poll, a repeated feed
    event, two waiters) is handed to the caller exactly once.
 
+4. ``ack(key)`` once the consumer has the result (``JournaledLab`` calls it
+   after ``on_result`` returns).
+
 After a crash the rows that are not delivered are the work to resume: those
 with a job id are polled, those without are looked up by key at the lab
-(``LabAdapter.find``) before anything is submitted.
+(``LabAdapter.find``) before anything is submitted. Rows delivered but not
+acknowledged (the process died between storing a result and handing it
+over) are handed over again from the journal (``unacked_entries``): the
+result is never lost, and a consumer may see a key twice across a crash
+(at-least-once), never zero times.
+
+Opening: a missing file is a new journal. An existing file that is empty,
+is not SQLite, or holds no ``jobs`` table is ``LabJournalError`` (an empty
+file is what a crash during creation or a truncated copy leaves; treating it
+as new would resubmit every experiment) unless ``start_fresh=True``: then the
+bad file is kept beside it as ``<name>.bad-<unix time>`` and a new journal is
+created.
 
 SQLite calls run on one dedicated thread that owns the connection, so the
 event loop never waits on disk; every transaction is a single small
@@ -33,7 +47,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from labrl.errors import LabRejectedError
+from labrl.errors import LabJournalError, LabRejectedError
 from labrl.lab_adapters.protocol import JobState, JobStatus, request_hash
 
 T = TypeVar("T")
@@ -49,7 +63,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     error TEXT,
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL,
-    delivered_at REAL
+    delivered_at REAL,
+    acked_at REAL
 );
 CREATE INDEX IF NOT EXISTS jobs_open ON jobs (delivered_at) WHERE delivered_at IS NULL;
 """
@@ -69,6 +84,7 @@ class JournalEntry(BaseModel):
     result: dict[str, Any] | None
     error: str | None
     delivered: bool
+    acked: bool = False
 
     def status(self) -> JobStatus:
         """The delivered terminal status (only meaningful once ``delivered``)."""
@@ -83,7 +99,7 @@ class JournalEntry(BaseModel):
 
 
 def _row(row: tuple[Any, ...]) -> JournalEntry:
-    key, rhash, request, job_id, state, result, error, delivered_at = row
+    key, rhash, request, job_id, state, result, error, delivered_at, acked_at = row
     return JournalEntry(
         key=key,
         request_hash=rhash,
@@ -93,18 +109,34 @@ def _row(row: tuple[Any, ...]) -> JournalEntry:
         result=json.loads(result) if result is not None else None,
         error=error,
         delivered=delivered_at is not None,
+        acked=acked_at is not None,
     )
 
 
-_COLUMNS = "key, request_hash, request, job_id, state, result, error, delivered_at"
+_COLUMNS = "key, request_hash, request, job_id, state, result, error, delivered_at, acked_at"
 
 
 class Journal:
     """See the module docstring. Open with ``Journal(path)``; close with ``await close()``."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, start_fresh: bool = False) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.set_aside: Path | None = None  # where start_fresh moved a bad journal
+        problem = journal_problem(self.path)
+        if problem is not None:
+            if not start_fresh:
+                raise LabJournalError(
+                    f"job journal {self.path}: {problem}. Its jobs cannot be resumed; to start a new "
+                    "journal anyway pass start_fresh=True (env option fresh_journal=true, or "
+                    "`labrl lab journal PATH --fresh`), which keeps the old file beside it"
+                )
+            self.set_aside = self.path.with_name(f"{self.path.name}.bad-{int(time.time())}")
+            self.path.rename(self.set_aside)
+            for suffix in ("-wal", "-shm"):
+                side = self.path.with_name(self.path.name + suffix)
+                if side.exists():
+                    side.rename(self.set_aside.with_name(self.set_aside.name + suffix))
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="labrl-journal")
         self._conn: sqlite3.Connection = self._thread.submit(self._open).result()
 
@@ -114,6 +146,10 @@ class Journal:
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA busy_timeout=5000")
         conn.executescript(_SCHEMA)
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}
+        if "acked_at" not in columns:  # a journal from before acknowledgements: delivered = handed over
+            conn.execute("ALTER TABLE jobs ADD COLUMN acked_at REAL")
+            conn.execute("UPDATE jobs SET acked_at = delivered_at WHERE delivered_at IS NOT NULL")
         return conn
 
     async def _run(self, fn: Callable[[], T]) -> T:
@@ -180,6 +216,17 @@ class Journal:
 
         return await self._run(write)
 
+    async def ack(self, key: str) -> None:
+        """The consumer has the delivered result of ``key``: it is not handed over again after a crash."""
+
+        def write() -> None:
+            self._conn.execute(
+                "UPDATE jobs SET acked_at = ? WHERE key = ? AND delivered_at IS NOT NULL AND acked_at IS NULL",
+                (time.time(), key),
+            )
+
+        await self._run(write)
+
     async def deliver(self, key: str, status: JobStatus) -> bool:
         """Store the terminal ``status``; True only for the first delivery of ``key``."""
         if not status.state.terminal:
@@ -217,6 +264,30 @@ class Journal:
 
         return await self._run(read)
 
+    async def unacked_entries(self) -> list[JournalEntry]:
+        """Entries delivered but never acknowledged: results stored just before a crash, to hand over again."""
+
+        def read() -> list[JournalEntry]:
+            rows = self._conn.execute(
+                f"SELECT {_COLUMNS} FROM jobs WHERE delivered_at IS NOT NULL AND acked_at IS NULL "
+                "ORDER BY created_at"
+            ).fetchall()
+            return [_row(r) for r in rows]
+
+        return await self._run(read)
+
+    async def entries(self, limit: int | None = None) -> list[JournalEntry]:
+        """All entries, newest first (``limit`` of them when given): for ``labrl lab journal``."""
+
+        def read() -> list[JournalEntry]:
+            sql = f"SELECT {_COLUMNS} FROM jobs ORDER BY created_at DESC"
+            rows = self._conn.execute(
+                sql + (" LIMIT ?" if limit else ""), (limit,) if limit else ()
+            ).fetchall()
+            return [_row(r) for r in rows]
+
+        return await self._run(read)
+
     async def counts(self) -> dict[str, int]:
         """``{state: n}`` over all entries."""
 
@@ -224,3 +295,31 @@ class Journal:
             return dict(self._conn.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
 
         return await self._run(read)
+
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def journal_problem(path: Path) -> str | None:
+    """Why the existing file at ``path`` is not a usable journal, or None (also None when it does not exist)."""
+    if not path.exists():
+        return None
+    if not path.is_file():
+        return "is not a file"
+    if path.stat().st_size == 0:
+        return "the file is empty (a crash while it was created, or a truncated copy)"
+    with path.open("rb") as handle:
+        if handle.read(len(_SQLITE_MAGIC)) != _SQLITE_MAGIC:
+            return "the file is not an SQLite database (corrupt or not a journal)"
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if "jobs" not in tables:
+                return "the database holds no jobs table (not a labrl journal)"
+            conn.execute("SELECT COUNT(*) FROM jobs").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        return f"the database cannot be read ({exc})"
+    return None

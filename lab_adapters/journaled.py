@@ -15,7 +15,11 @@
    key, and only that first delivery calls ``on_result``. Duplicates (a
    repeated feed event, a retried poll, two waiters) are dropped.
 
-``resume()`` does steps 2-5 for every journaled job not yet delivered.
+6. acknowledges (``Journal.ack``) once ``on_result`` has returned.
+
+``resume()`` hands over again every result stored but not acknowledged (the
+process died between steps 5 and 6: at-least-once across a crash, never
+lost), then does steps 2-6 for every journaled job not yet delivered.
 Concurrent ``run`` calls for the same key share one driver.
 """
 
@@ -32,9 +36,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from labrl.errors import LabError, LabRejectedError, LabTimeoutError
+from labrl.errors import LabAuthError, LabError, LabRejectedError, LabTimeoutError
 from labrl.lab_adapters.journal import Journal, JournalEntry
-from labrl.lab_adapters.protocol import JobRef, JobState, JobStatus, LabAdapter, SupportsEvents
+from labrl.lab_adapters.protocol import (
+    JobRef,
+    JobState,
+    JobStatus,
+    LabAdapter,
+    SupportsEvents,
+    SupportsSubmitStatus,
+)
 from labrl.resilience import backoff_delay
 
 log = logging.getLogger(__name__)
@@ -106,13 +117,21 @@ class JournaledLab:
         return await self._drive(entry, created)
 
     async def resume(self) -> list[JobOutcome]:
-        """Re-attach to every journaled job not yet delivered; returns their outcomes."""
+        """Hand over results stored but never acknowledged, then re-attach to every job not yet delivered.
+
+        Returns the outcomes of both (``fresh=True``: the consumer had not had them).
+        """
+        outcomes: list[JobOutcome] = []
+        for entry in await self.journal.unacked_entries():
+            self.stats["redelivered"] += 1
+            status = entry.status()
+            await self._hand_over(entry.key, status)
+            outcomes.append(JobOutcome(key=entry.key, status=status, fresh=True))
         entries = await self.journal.open_entries()
         self.stats["resume_entries"] += len(entries)
         results = await asyncio.gather(
             *(self._drive(e, created=False) for e in entries), return_exceptions=True
         )
-        outcomes = []
         for entry, result in zip(entries, results, strict=True):
             if isinstance(result, BaseException):
                 log.warning("resuming %s failed: %s", entry.key, result)
@@ -161,9 +180,8 @@ class JournaledLab:
         return await self._deliver(key, await self._await_terminal(job))
 
     async def _submit(self, request: dict[str, Any], key: str) -> JobStatus:
-        submit_status = getattr(self.adapter, "submit_status", None)
-        if submit_status is not None:
-            return await submit_status(request, key)
+        if isinstance(self.adapter, SupportsSubmitStatus):
+            return await self.adapter.submit_status(request, key)
         ref = await self.adapter.submit(request, key)
         return JobStatus(job_id=ref.job_id, idempotency_key=key, state=JobState.QUEUED)
 
@@ -174,7 +192,7 @@ class JournaledLab:
         while True:
             try:
                 return await call()
-            except LabRejectedError:
+            except (LabRejectedError, LabAuthError):  # retrying cannot help: the request or the key is wrong
                 raise
             except LabError:
                 self.stats["driver_retries"] += 1
@@ -214,7 +232,7 @@ class JournaledLab:
                     self.stats["fallback_polls"] += 1
                     try:
                         status = await self.adapter.status(job)
-                    except LabRejectedError:
+                    except (LabRejectedError, LabAuthError):
                         raise
                     except LabError:
                         continue
@@ -234,6 +252,11 @@ class JournaledLab:
         while True:
             try:
                 page = await self.adapter.events(after, self.config.feed_wait_s)
+            except LabAuthError as exc:  # every waiter would wait for nothing: fail them all now
+                for waiter in self._waiters.values():
+                    if not waiter.done():
+                        waiter.set_exception(exc)
+                return
             except LabError as exc:
                 self.stats["feed_errors"] += 1
                 log.debug("completion feed failed (%s); retrying", type(exc).__name__)
@@ -267,6 +290,11 @@ class JournaledLab:
             assert stored is not None and stored.delivered
             return JobOutcome(key=key, status=stored.status(), fresh=False)
         self.stats["delivered"] += 1
+        await self._hand_over(key, status)
+        return JobOutcome(key=key, status=status, fresh=True)
+
+    async def _hand_over(self, key: str, status: JobStatus) -> None:
+        """Call ``on_result``, then acknowledge: a crash in between hands the result over again on resume."""
         if self.on_result is not None:
             self.on_result(key, status)
-        return JobOutcome(key=key, status=status, fresh=True)
+        await self.journal.ack(key)

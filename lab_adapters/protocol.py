@@ -41,6 +41,7 @@ class JobState(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     EXPIRED = "expired"
+    REJECTED = "rejected"  # the lab refused the submission (journaled by JournaledLab; never ran)
 
     @property
     def terminal(self) -> bool:
@@ -121,6 +122,14 @@ class LabAdapter(Protocol):
     async def cancel(self, job: JobRef) -> JobStatus: ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class SupportsSubmitStatus(Protocol):
+    """A lab whose submit answers with the job's full status (a lab that dedupes by key may answer a
+    finished job at once), not only its id: the journal can then deliver without a poll."""
+
+    async def submit_status(self, request: dict[str, Any], idempotency_key: str) -> JobStatus: ...
 
 
 @runtime_checkable

@@ -15,7 +15,8 @@ HTTP statuses become labrl errors::
     httpx.TimeoutException      -> LabTimeoutError      retried
     httpx.TransportError        -> LabTransportError    retried (refused, reset, dropped)
     408, 429, 5xx               -> LabStatusError       retried; Retry-After honoured
-    409, 400, 401, 403, 422...  -> LabRejectedError     never retried
+    401, 403                    -> LabAuthError         never retried; stops the env (never a reward)
+    409, 400, 404, 422...       -> LabRejectedError     never retried
     other statuses              -> LabStatusError       never retried
     breaker open                -> LabCircuitOpenError  waits for the half-open probe
 
@@ -23,7 +24,8 @@ Retries use full-jitter exponential backoff (``labrl.resilience.Backoff``, jitte
 calls are paced by a token bucket and capped by a semaphore. The API key is
 read from the environment variable ``api_key_env`` when the adapter is built;
 it lives only in the Authorization header of outgoing requests, never in a
-repr, a log line or an error message.
+repr, a log line or an error message: every piece of a lab's answer quoted in
+an error goes through ``labrl.redact.redact`` (a lab may echo the header).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from labrl.errors import (
     ConfigError,
+    LabAuthError,
     LabCircuitOpenError,
     LabError,
     LabJobError,
@@ -50,13 +53,15 @@ from labrl.errors import (
     LabTransportError,
 )
 from labrl.lab_adapters.protocol import EventPage, JobRef, JobState, JobStatus
+from labrl.redact import redact
 from labrl.resilience import Backoff, CircuitBreaker, TokenBucket, retry_after_s
 
 log = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({408, 429})
 FEED_CONNECTIONS = 1
-REJECT_STATUSES = frozenset({400, 401, 403, 404, 409, 410, 413, 422})
+AUTH_STATUSES = frozenset({401, 403})
+REJECT_STATUSES = frozenset({400, 404, 409, 410, 413, 422})
 
 
 class RestLabConfig(BaseModel):
@@ -109,12 +114,13 @@ class _Secret:
     __str__ = __repr__
 
 
-def _brief(response: httpx.Response) -> str:
+def _brief(response: httpx.Response, secret: str) -> str:
+    """The lab's error detail, secrets redacted (before truncation, so no half-secret survives)."""
     try:
         detail = response.json().get("detail", response.text)
     except Exception:
         detail = response.text
-    return str(detail)[:200]
+    return redact(str(detail), [secret])[:200]
 
 
 class RestLabAdapter:
@@ -167,6 +173,9 @@ class RestLabAdapter:
 
     # -- the one place that talks HTTP -----------------------------------------
 
+    def _brief(self, response: httpx.Response) -> str:
+        return _brief(response, self._key.reveal())
+
     def _headers(self, extra: dict[str, str] | None) -> dict[str, str]:
         headers = {"Accept": "application/json"}
         if self._key.reveal():
@@ -202,7 +211,8 @@ class RestLabAdapter:
                 f"{method} {path}: no answer within {timeout:g} s ({type(exc).__name__})"
             ) from exc
         except httpx.TransportError as exc:
-            raise LabTransportError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+            detail = redact(str(exc), [self._key.reveal()])
+            raise LabTransportError(f"{method} {path}: {type(exc).__name__}: {detail}") from exc
 
     async def _call(
         self,
@@ -254,12 +264,19 @@ class RestLabAdapter:
                     self.breaker.record_failure()
                     self.stats[f"retry_{status}"] += 1
                     wait = retry_after_s(response.headers.get("retry-after"))
-                    last = LabStatusError(f"{method} {path}: HTTP {status}: {_brief(response)}")
+                    last = LabStatusError(f"{method} {path}: HTTP {status}: {self._brief(response)}")
                 else:
                     self.breaker.record_success()  # the lab is up; the request is wrong
+                    if status in AUTH_STATUSES:
+                        raise LabAuthError(
+                            f"{method} {path}: HTTP {status}: the lab refused the credentials in "
+                            f"${self.config.api_key_env}: {self._brief(response)}"
+                        )
                     if status in REJECT_STATUSES:
-                        raise LabRejectedError(f"{method} {path}: HTTP {status}: {_brief(response)}")
-                    raise LabStatusError(f"{method} {path}: unexpected HTTP {status}: {_brief(response)}")
+                        raise LabRejectedError(f"{method} {path}: HTTP {status}: {self._brief(response)}")
+                    raise LabStatusError(
+                        f"{method} {path}: unexpected HTTP {status}: {self._brief(response)}"
+                    )
             if attempt + 1 < cfg.max_attempts:
                 await asyncio.sleep(self._backoff.delay(attempt, self._rng, retry_after=wait))
         assert last is not None

@@ -33,6 +33,7 @@ from ase.data import chemical_symbols
 from ase.geometry import cellpar_to_cell, get_distances
 
 from labrl.errors import InvalidActionError
+from labrl.untrusted_text import UntrustedJSONError, loads
 
 MIN_DISTANCE = 0.7  # Å: closer than any bond; the calculators diverge below it
 MIN_VOLUME_PER_ATOM = 2.0  # Å^3
@@ -56,9 +57,9 @@ def parse_structure(data: Any, *, max_atoms: int = 16) -> Atoms:
     """Validate the model's structure JSON (a dict or a JSON string) into ASE ``Atoms`` (periodic)."""
     if isinstance(data, str):
         try:
-            data = json.loads(data)
-        except json.JSONDecodeError as exc:
-            raise InvalidActionError(f"structure is not valid JSON ({exc.msg} at char {exc.pos})") from None
+            data = loads(data)
+        except UntrustedJSONError as exc:  # also nesting too deep, integers too long
+            raise InvalidActionError(f"structure is not valid JSON ({exc.msg})") from None
     if not isinstance(data, dict):
         raise InvalidActionError('structure must be an object with "lattice", "species" and "frac_coords"')
     missing = [k for k in ("lattice", "species", "frac_coords") if k not in data]

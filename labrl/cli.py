@@ -11,7 +11,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
+import signal
 import sys
+import warnings
 from collections.abc import Sequence
 
 from labrl._warnings import quiet_expected_warnings
@@ -22,7 +25,10 @@ from labrl.runtime import tune_gc_for_many_episodes
 COMMAND_GROUPS: dict[str, tuple[str, str]] = {
     "envs": ("labrl.commands.envs", "list, show, sample and check environments"),
     "serve": ("labrl.commands.serve", "launch and supervise an inference server (sglang)"),
-    "lab": ("labrl.commands.lab", "run the mock autonomous lab (serve-mock)"),
+    "lab": (
+        "labrl.commands.lab",
+        "the mock lab (serve-mock); submit, status, journal: look at a lab by hand",
+    ),
     "judge": ("labrl.commands.judge", "rubric judges: run the mock judge, validate rubric task files"),
     "train": ("labrl.commands.train", "train a policy on an env: labrl train CONFIG [key=value ...]"),
     "report": ("labrl.commands.report", "plots and a summary of a run: labrl report RUN_DIR"),
@@ -50,11 +56,15 @@ def _show_labrl_log_lines() -> None:
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         logger.propagate = False
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:  # type: ignore[no-untyped-def]
+    """Warnings on the console as one line each (the source line under them says nothing to a user)."""
+    return f"labrl: warning: {message}\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     quiet_expected_warnings()
     _show_labrl_log_lines()
+    warnings.formatwarning = _one_line_warning
     argv = list(sys.argv[1:] if argv is None else argv)
     # Import only the named group: keeps `labrl envs list` fast.
     named = [argv[0]] if argv and argv[0] in COMMAND_GROUPS else None
@@ -68,6 +78,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LabrlError as exc:
         print(f"labrl: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        return _reader_went_away()
+
+
+def _reader_went_away() -> int:
+    """``labrl ... | head``: the reader closed the pipe. Stop quietly, as a killed-by-SIGPIPE tool does.
+
+    stdout is pointed at /dev/null so the interpreter's final flush does not raise again.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ would reach for, so ``except ValueError`` still catches a bad config::
     │   ├── LabTimeoutError (TimeoutError)
     │   ├── LabStatusError                    unexpected HTTP status from the lab
     │   ├── LabRejectedError (ValueError)     the lab refused the request (4xx, conflict)
+    │   ├── LabAuthError (PermissionError)    the lab refused our credentials (401/403): stop, never a reward
+    │   ├── LabJournalError                   the job journal is empty, corrupt or not a journal
     │   └── LabJobError                       the job ended without a result (failed, cancelled, expired)
     ├── JudgeError (RuntimeError)             rubric judges (labrl.verifiers.rubric)
     ├── SamplerError (RuntimeError)           samplers (local, SGLang)
@@ -94,6 +96,14 @@ class LabRejectedError(LabError, ValueError):
     """The lab refused the request (bad payload, auth, idempotency conflict)."""
 
 
+class LabAuthError(LabError, PermissionError):
+    """The lab refused the client's credentials (HTTP 401/403): a setup error, never the model's fault."""
+
+
+class LabJournalError(LabError):
+    """The job journal cannot be trusted (empty, corrupt, not a journal); start fresh only if told to."""
+
+
 class LabCircuitOpenError(LabTransportError):
     """The client's circuit breaker is open after repeated failures; the call was not made."""
 
@@ -120,9 +130,11 @@ __all__ = [
     "EnvTimeoutError",
     "InvalidActionError",
     "JudgeError",
+    "LabAuthError",
     "LabCircuitOpenError",
     "LabError",
     "LabJobError",
+    "LabJournalError",
     "LabRejectedError",
     "LabStatusError",
     "LabTimeoutError",

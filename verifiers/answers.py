@@ -8,6 +8,13 @@ answer in this order and returns the first that parses:
 3. the last top-level JSON object or array anywhere in the text (scanned
    with ``json.JSONDecoder.raw_decode`` from every ``{`` / ``[``).
 
+Hostile text is bounded: blocks are found in linear time
+(``labrl.untrusted_text``); the scan in 3 stops with ``InvalidActionError``
+once its decodes have read ``SCAN_WORK_FACTOR`` times the text (an
+unclosed-bracket flood would otherwise cost quadratic time); JSON nested past
+the recursion limit or holding an integer of more than 4,300 digits is
+``InvalidActionError``, never another exception.
+
 Trailing commas before ``}`` / ``]`` are tolerated. Nothing found raises
 ``InvalidActionError`` with a message meant for the model.
 
@@ -18,68 +25,108 @@ letter (``B``, ``(B)``, ``B.``), ``answer: B`` / ``Answer is B``, or
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 from labrl.errors import InvalidActionError
+from labrl.untrusted_text import UntrustedJSONError, iter_blocks, last_block, loads, raw_decode
 
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
-_FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)
+_FENCE = re.compile(r"```(?:json|JSON)?\s*")
+_FENCE_CLOSE = "```"
 _TRAILING_COMMA = re.compile(r",\s*([}\]])")
-_DECODER = json.JSONDecoder()
+_VALUE_START = re.compile(r"[{\[]")
+
+# The fallback scan tries a decode from every "{" / "[" left to right. A failed
+# decode may read far before failing (an object left open), so the scan's cost
+# is the sum of what its decodes read: bounded by SCAN_WORK_FACTOR * len(text)
+# (plus a constant), past which the reply is refused. Ordinary replies read each
+# character about once (measured <= 3x on nested prose+JSON replies).
+SCAN_WORK_FACTOR = 8
+SCAN_WORK_MIN = 65_536
+
+
+class _Unparsable(ValueError):
+    """The block holds no JSON value; try the next place."""
 
 
 def _loads(text: str) -> Any:
     text = text.strip()
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return json.loads(_TRAILING_COMMA.sub(r"\1", text))
+        return loads(text)
+    except UntrustedJSONError:
+        return loads(_TRAILING_COMMA.sub(r"\1", text))
 
 
-def _scan(text: str) -> Any:
-    """The last top-level JSON object/array in ``text``, or raise ValueError."""
+def _scan(text: str, counter: list[int] | None = None) -> Any:
+    """The last top-level JSON object/array in ``text``; ``_Unparsable`` if none.
+
+    ``counter`` (a one-item list), when given, accumulates the characters the
+    decodes read (tests assert the bound).
+    """
     text = _TRAILING_COMMA.sub(r"\1", text)
+    budget = max(SCAN_WORK_MIN, SCAN_WORK_FACTOR * len(text))
+    work = 0
     found: list[Any] = []
     pos = 0
-    while pos < len(text):
-        starts = [i for i in (text.find("{", pos), text.find("[", pos)) if i >= 0]
-        if not starts:
+    while True:
+        start_match = _VALUE_START.search(text, pos)
+        if start_match is None:
             break
-        start = min(starts)
+        start = start_match.start()
         try:
-            value, end = _DECODER.raw_decode(text, start)
-        except json.JSONDecodeError:
+            value, end = raw_decode(text, start)
+        except UntrustedJSONError as exc:
+            if exc.pos is None:  # nested too deeply / integer too long: not a usable answer
+                raise InvalidActionError(f"the reply's JSON cannot be read: {exc.msg}") from None
+            work += exc.reached - start + 1
             pos = start + 1
-            continue
-        found.append(value)
-        pos = end
+        else:
+            found.append(value)
+            work += end - start
+            pos = end
+        if counter is not None:
+            counter[0] = work
+        if work > budget:
+            raise InvalidActionError(
+                "the reply is too malformed to search for a JSON answer (unclosed brackets); "
+                "put the answer alone in <answer>...</answer>"
+            )
     if not found:
-        raise ValueError("no JSON value")
+        raise _Unparsable("no JSON value")
     return found[-1]
+
+
+def _last_fence(text: str) -> str | None:
+    return last_block(text, _FENCE, _FENCE_CLOSE)
 
 
 def extract_json(text: str, *, hint: str = "") -> Any:
     """The structured answer in ``text`` (see the module docstring)."""
     if not isinstance(text, str) or not text.strip():
         raise InvalidActionError(f"empty answer. {hint}".strip())
-    tags = _ANSWER_TAG.findall(text)
-    fences = _FENCE.findall(text)
-    for block in (tags[-1] if tags else None, fences[-1] if fences else None):
+    for block in (last_block(text, "<answer>", "</answer>", ignore_case=True), _last_fence(text)):
         if block is None:
             continue
         try:
             return _loads(block)
-        except json.JSONDecodeError:
+        except UntrustedJSONError as exc:
+            if exc.pos is None:  # nested too deeply / integer too long: the model's fault, say so
+                raise InvalidActionError(
+                    f"the answer's JSON cannot be read: {exc.msg}. {hint}".strip()
+                ) from None
             try:
                 return _scan(block)
-            except ValueError:
+            except _Unparsable:
                 continue
     try:
         return _scan(text)
-    except ValueError:
+    except _Unparsable:
         raise InvalidActionError(f"no JSON answer found in the reply. {hint}".strip()) from None
+
+
+def has_unclosed_answer(text: str) -> bool:
+    """Whether ``text`` opens an ``<answer>`` block it never closes (for a clearer message)."""
+    return any(not closed for _, closed in iter_blocks(text, "<answer>", "</answer>", ignore_case=True))
 
 
 _CHOICE_PATTERNS = (

@@ -46,6 +46,7 @@ class LabSettings:
     api_key_env: str
     journal_path: str | None
     mock_latency_s: float
+    fresh_journal: bool = False  # an empty or corrupt journal is set aside instead of refused
 
 
 @dataclass
@@ -102,7 +103,10 @@ async def _open(settings: LabSettings) -> LabConnection:
     feed = JournaledLabConfig(feed_wait_s=5.0, fallback_poll_s=10.0)
     if settings.lab_url is not None:
         adapter = RestLabAdapter(RestLabConfig(base_url=settings.lab_url, api_key_env=settings.api_key_env))
-        journal = Journal(Path(settings.journal_path) if settings.journal_path else DEFAULT_JOURNAL)
+        journal = Journal(
+            Path(settings.journal_path) if settings.journal_path else DEFAULT_JOURNAL,
+            start_fresh=settings.fresh_journal,
+        )
         return LabConnection(adapter, journal, JournaledLab(adapter, journal, feed))
     from labrl.lab_adapters.mock.server import InProcessMockLab, MockLabConfig
 
@@ -123,7 +127,8 @@ async def _open(settings: LabSettings) -> LabConnection:
         transport=mock.transport(),
     )
     journal = Journal(
-        Path(settings.journal_path) if settings.journal_path else Path(tmpdir) / "journal.sqlite"
+        Path(settings.journal_path) if settings.journal_path else Path(tmpdir) / "journal.sqlite",
+        start_fresh=settings.fresh_journal,
     )
     return LabConnection(adapter, journal, JournaledLab(adapter, journal, feed), mock=mock, tmpdir=tmpdir)
 

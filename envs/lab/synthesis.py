@@ -10,7 +10,9 @@ The recipe runs as a ``synthesis`` job on a lab through ``RestLabAdapter`` and
 a ``JournaledLab`` (``labrl.envs.lab.session``): by default the mock lab
 in-process, or a real lab with ``lab_url=`` (key in ``$LABRL_LAB_API_KEY`` or
 the variable named by ``api_key_env``). The lab returns an XRD pattern, never
-the phases it made.
+the phases it made. The journal (``journal_path``) must be a labrl journal or
+absent: an empty or corrupt file stops the env with ``LabJournalError``
+unless ``fresh_journal=True`` (the bad file is kept beside the new one).
 
 Scoring is label-free, as an autonomous lab scores its own runs: the pattern
 is fitted (``labrl.verifiers.xrd.fit``) with the target plus the plausible
@@ -45,7 +47,7 @@ from typing import Any, ClassVar
 from labrl.envs.base import Env
 from labrl.envs.lab.session import LabSettings, check_settings, connection
 from labrl.envs.types import Action, Budgets, EnvSpec, Message, Observation, Split, StepResult, Task
-from labrl.errors import ConfigError, EnvError, InvalidActionError, LabError, LabRejectedError
+from labrl.errors import ConfigError, EnvError, InvalidActionError, LabAuthError, LabError, LabRejectedError
 from labrl.lab_adapters import recipes
 from labrl.lab_adapters.protocol import JobState, request_hash
 
@@ -107,6 +109,7 @@ class SynthesisEnv(Env):
         lab_url: str | None = None,
         api_key_env: str = "LABRL_LAB_API_KEY",
         journal_path: str | None = None,
+        fresh_journal: bool = False,
         run_id: str = "default",
         lab_concurrency: int = 8,
         mock_latency_s: float = 0.05,
@@ -121,7 +124,7 @@ class SynthesisEnv(Env):
         unknown = [t for t in chosen if t not in recipes.TARGETS]
         if unknown or not chosen:
             raise ConfigError(f"unknown target(s) {unknown}; choose among {', '.join(recipes.TARGETS)}")
-        self.settings = LabSettings(lab_url, api_key_env, journal_path, mock_latency_s)
+        self.settings = LabSettings(lab_url, api_key_env, journal_path, mock_latency_s, fresh_journal)
         check_settings(self.settings)
         self.max_experiments = experiments
         self.run_id = run_id
@@ -209,6 +212,8 @@ class SynthesisEnv(Env):
         try:
             async with self.pool("lab"):
                 outcome = await conn.lab.run(request, key)
+        except LabAuthError:
+            raise  # a setup error: stops the env (and the run), never scored as the model's action
         except LabRejectedError as exc:
             raise InvalidActionError(f"the lab refused the recipe: {exc}") from exc
         except LabError as exc:
@@ -218,6 +223,8 @@ class SynthesisEnv(Env):
             return status.result["xrd"], None, key
         if status.state is JobState.FAILED:
             return None, status.error or "the experiment failed", key
+        if status.state is JobState.REJECTED:  # refused before (the journal replays the refusal)
+            raise InvalidActionError(f"the lab refused the recipe: {status.error}")
         raise EnvError(f"experiment {key} ended {status.state.value}: {status.error}")
 
     async def step(self, action: Action) -> StepResult:

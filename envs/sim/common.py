@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import re
 import weakref
 from typing import Any
 
 import numpy as np
 from ase import Atoms
 
-from labrl.errors import ConfigError, EnvError, InvalidActionError, LabError, LabRejectedError
+from labrl.errors import ConfigError, EnvError, InvalidActionError, LabAuthError, LabError, LabRejectedError
 from labrl.lab_adapters.calculators import check_backend
 from labrl.lab_adapters.protocol import JobState, LabAdapter
 from labrl.lab_adapters.simulator import SimulatorAdapter
+from labrl.untrusted_text import last_block
 
 #: cubic prototypes: name -> (fractional sites, number of distinct species)
 PROTOTYPES: dict[str, tuple[tuple[tuple[float, float, float], ...], int]] = {
@@ -131,6 +131,8 @@ class Calculator:
         try:
             job = await adapter.submit(request, idempotency_key=f"calc-{request_hash(request)}")
             status = await adapter.wait(job, self.timeout_s)
+        except LabAuthError:
+            raise  # a setup error: stops the env (and the run), never scored as the model's action
         except LabRejectedError as exc:
             raise InvalidActionError(f"the lab refused the calculation: {exc}") from exc
         except LabError as exc:
@@ -140,15 +142,16 @@ class Calculator:
         return status.result
 
 
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-
-
 def extract_answer(text: str) -> str:
-    """The body of the last ``<answer>...</answer>`` block; ``InvalidActionError`` if there is none."""
-    found = _ANSWER.findall(text)
-    if not found:
+    """The body of the last ``<answer>...</answer>`` block; ``InvalidActionError`` if there is none.
+
+    Linear in ``len(text)`` (``labrl.untrusted_text.last_block``), also for an
+    ``<answer>`` left open.
+    """
+    found = last_block(text, "<answer>", "</answer>")
+    if found is None:
         raise InvalidActionError("no <answer>...</answer> block found")
-    return found[-1].strip()
+    return found.strip()
 
 
 def split_of(task_id: str) -> str:

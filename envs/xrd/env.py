@@ -54,6 +54,7 @@ from labrl.envs.xrd.measure import observe
 from labrl.envs.xrd.tasks import PhaseIdConfig, build_task_prompt, candidate_answer, render_prompt
 from labrl.errors import ConfigError, EnvError, InvalidActionError
 from labrl.offload import run_cpu
+from labrl.untrusted_text import parse_off_loop
 from labrl.verifiers.xrd.answer import FORMAT_HINT, ClaimedPhase, parse_answer
 from labrl.verifiers.xrd.fit import FitResult, fit_phase_ids
 from labrl.verifiers.xrd.library import load_library
@@ -81,6 +82,7 @@ class PhaseIdEnv(Env):
 
     env_id = SINGLE_ID
     defaults: ClassVar[dict[str, Any]] = {}  # option defaults of this env version
+    options_model = PhaseIdConfig  # the accepted options (labrl envs show, "did you mean" on a typo)
 
     def __init__(self, **options: Any) -> None:
         self.config = _config(self.env_id, {**self.defaults, **options})
@@ -196,7 +198,7 @@ class PhaseIdEnv(Env):
             raise InvalidActionError(action.parse_error)
         if action.tool_calls:
             raise InvalidActionError("this environment takes a direct answer, not tool calls. " + FORMAT_HINT)
-        claimed = self._parse(action.text)
+        claimed = await parse_off_loop(self._parse, action.text)
         reward, info = await self._reward(claimed)
         return StepResult(reward=reward, done=True, info=info)
 
@@ -320,7 +322,7 @@ class PhaseIdToolsEnv(PhaseIdEnv):
         if action.parse_error:
             raise InvalidActionError(action.parse_error)
         if not action.tool_calls:
-            claimed = self._parse(action.text)
+            claimed = await parse_off_loop(self._parse, action.text)
             reward, info = await self._reward(claimed)
             return StepResult(reward=reward, done=True, info=info)
         messages = []

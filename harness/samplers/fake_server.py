@@ -74,6 +74,11 @@ class FakeServerConfig(BaseModel):
     eos_token_ids: tuple[int, ...] = ()
     tp_size: int = Field(default=1, ge=1)
     tick_delay_s: float = Field(default=0.0, ge=0, description="sleep per token: slows generation for tests")
+    context_length: int | None = Field(
+        default=None,
+        ge=2,
+        description="refuse requests past it, as SGLang's TokenizerManager does (None: no limit)",
+    )
 
 
 @dataclass
@@ -444,12 +449,32 @@ class FakeSGLangServer:
             return f"SamplingParams.__init__() got an unexpected keyword argument '{unknown[0]}'"
         if int(params.get("max_new_tokens", 128)) < 0:
             return f"max_new_tokens must be at least 0, got {params['max_new_tokens']}."
+        problem = self._context_problem(len(ids), params.get("max_new_tokens"))
+        if problem:
+            return problem
         if float(params.get("temperature", 1.0)) < 0:
             return f"temperature must be non-negative, got {params['temperature']}."
         if self.config.sglang_version == "0.5.23" and "routed_experts_start_len" in body:
             start = body["routed_experts_start_len"]
             if not isinstance(start, int) or not 0 <= start <= len(ids):
                 return f"routed_experts_start_len={start!r} must be in [0, prompt_tokens={len(ids)}]"
+        return None
+
+    def _context_problem(self, n_input: int, max_new_tokens: Any) -> str | None:
+        """SGLang's context check (``TokenizerManager._validate_one_request``), messages verbatim."""
+        limit = self.config.context_length
+        if limit is None:
+            return None
+        if n_input >= limit:
+            return f"The input ({n_input} tokens) is longer than the model's context length ({limit} tokens)."
+        if max_new_tokens is not None and int(max_new_tokens) + n_input >= limit:
+            total = int(max_new_tokens) + n_input
+            return (
+                f"Requested token count exceeds the model's maximum context length of {limit} tokens. "
+                f"You requested a total of {total} tokens: {n_input} tokens from the input messages and "
+                f"{int(max_new_tokens)} tokens for the completion. Please reduce the number of tokens in the "
+                "input messages or the completion to fit within the limit."
+            )
         return None
 
     async def _before_update(self, body: Mapping[str, Any]) -> JSONResponse | dict | None:

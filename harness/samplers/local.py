@@ -376,7 +376,8 @@ class LocalSampler:
         if row.request.return_routed_experts:
             pad = np.tile(np.arange(K, dtype=np.int32), (1, L, 1))  # (1, L, K): the never-fed last token
             chunks = [*row.routed, pad] if row.output else row.routed
-            routed_arr = np.concatenate(chunks, axis=0)
+            # an aborted row (no room in the context) may never have been prefilled: no routing
+            routed_arr = np.concatenate(chunks, axis=0) if chunks else None
         if row.finish == "abort":
             info["error"] = (
                 f"prompt of {len(row.request.input_ids)} tokens leaves no room in the context of "

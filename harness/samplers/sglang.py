@@ -24,7 +24,10 @@ In-flight weight update (``update_weights``)::
 Errors (all ``SamplerError``)::
 
     transport error / 5xx  -> health check; dead server out of the pool; request retried elsewhere
-    4xx                    -> raised at once with the server's message (a bug: retrying won't help)
+    4xx                    -> raised at once with the server's message (a bug: retrying won't help),
+                              except SGLang's context-length refusal: the sampler learns the
+                              length, clamps max_new_tokens to it, and a prompt with no room left
+                              finishes ``abort`` (no tokens) with ``info["error"]``
     routed experts asked for but absent -> raised: the server lacks --enable-return-routed-experts
 """
 
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -159,6 +163,7 @@ class SGLangSampler:
         self._exports: list[Path] = []
         self._started = False
         self._submissions = 0  # makes every /generate rid unique on the server
+        self._context_length: int | None = None  # learnt from the first context-length refusal
         self._active = 0  # requests in flight through generate()
         self._busy_mark = 0.0
         # busy_s: wall time with at least one request in flight (the pipeline's "sampler busy")
@@ -222,6 +227,10 @@ class SGLangSampler:
             raise _TransportFailure(f"{server.url}{path}: {type(exc).__name__}: {exc}") from exc
         if resp.status_code >= 500:
             raise _TransportFailure(f"{server.url}{path}: HTTP {resp.status_code}: {resp.text[:300]}")
+        if resp.status_code == 400:
+            limit = context_length_in(resp.text)
+            if limit is not None:
+                raise _ContextFull(limit, f"{server.url}{path}: {resp.text[:300]}")
         if resp.status_code >= 400:
             raise SamplerError(
                 f"{server.url}{path} rejected the request: HTTP {resp.status_code}: {resp.text[:500]}"
@@ -295,8 +304,19 @@ class SGLangSampler:
         servers_used: list[str] = []
         inexact = False
         failed: set[str] = set()
+        context_note = None
         while True:
             remaining = req.sampling.max_new_tokens - len(out_ids)
+            if self._context_length is not None:  # SGLang refuses input + max_new_tokens >= context
+                room = self._context_length - len(prompt) - len(out_ids) - 1
+                if room <= 0:
+                    context_note = (
+                        f"prompt of {len(prompt) + len(out_ids)} tokens leaves no room in the context "
+                        f"of {self._context_length}"
+                    )
+                    finish = "length" if out_ids else "abort"
+                    break
+                remaining = min(remaining, room)
             if remaining <= 0:
                 finish = "length"
                 break
@@ -322,6 +342,11 @@ class SGLangSampler:
             server.in_flight += 1
             try:
                 answer = await self._request(server, "POST", "/generate", body, cfg.request_timeout_s)
+            except _ContextFull as exc:
+                if self._context_length == exc.context_length:  # already clamped to it: not a context issue
+                    raise SamplerError(str(exc)) from exc
+                self._context_length = exc.context_length  # learnt once; the loop clamps from now on
+                continue
             except _TransportFailure as exc:
                 retries += 1
                 self.stats["retried"] += 1
@@ -369,7 +394,7 @@ class SGLangSampler:
         if inexact:
             self.stats["inexact_versions"] += 1
         routed = None
-        if req.return_routed_experts:
+        if req.return_routed_experts and (rows or out_ids):
             all_rows = (
                 np.concatenate(rows, axis=0)
                 if rows
@@ -378,12 +403,14 @@ class SGLangSampler:
             routed = to_learner_layout(
                 all_rows, num_tokens=len(prompt) + len(out_ids), moe_layers=cfg.moe_layers
             )
-        info = {
+        info: dict[str, Any] = {
             "servers": servers_used,
             "resumes": resumes,
             "retries": retries,
             "exact_versions": not inexact,
         }
+        if context_note is not None:
+            info["error"] = context_note
         return GenerateResult(
             rid=req.rid,
             output_ids=out_ids,
@@ -535,6 +562,25 @@ class SGLangSampler:
             if isinstance(res, BaseException):
                 raise SamplerError(f"init_weights_update_group failed: {res}") from res
         self._group_ready = True
+
+
+_CONTEXT_LIMIT = re.compile(
+    r"longer than the model's context length \((\d+) tokens\)|maximum context length of (\d+) tokens"
+)
+
+
+def context_length_in(message: str) -> int | None:
+    """The context length named by SGLang's refusal of an over-long request, or None for other errors."""
+    found = _CONTEXT_LIMIT.search(message)
+    return None if found is None else int(found.group(1) or found.group(2))
+
+
+class _ContextFull(SamplerError):
+    """Internal: the server refused a request past its context length (HTTP 400); it names the length."""
+
+    def __init__(self, context_length: int, message: str) -> None:
+        super().__init__(message)
+        self.context_length = context_length
 
 
 class _TransportFailure(Exception):

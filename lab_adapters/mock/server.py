@@ -41,6 +41,7 @@ import logging
 import math
 import os
 import random
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -491,6 +492,10 @@ class InProcessMockLab:
             self._stack = None
 
 
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def serve(config: MockLabConfig) -> None:
     """Run the mock lab in the foreground until interrupted."""
     import uvicorn
@@ -498,11 +503,19 @@ def serve(config: MockLabConfig) -> None:
     asgi = create_app(config)
     # keep-alive longer than the clients' idle gaps: a connection closed by the server just as the
     # client reuses it costs a transport error and a retry
-    uvicorn.run(
-        asgi,
-        host=config.host,
-        port=config.port,
-        log_level="warning",
-        timeout_graceful_shutdown=1,
-        timeout_keep_alive=30,
-    )
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal to the handler it found:
+    # with the default one the process dies there and no cleanup runs. This one exits normally.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    try:
+        uvicorn.run(
+            asgi,
+            host=config.host,
+            port=config.port,
+            log_level="warning",
+            timeout_graceful_shutdown=1,
+            timeout_keep_alive=30,
+        )
+    finally:  # SIGTERM/SIGINT end uvicorn.run: take the simulation pool's processes down with us
+        from labrl.offload import shutdown_cpu_pool
+
+        shutdown_cpu_pool(terminate=True)

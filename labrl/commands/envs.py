@@ -20,15 +20,17 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("show", help="the full spec of one env")
-    p.add_argument("env_id")
+    p = sub.add_parser("show", help="the full spec of one env and the options it accepts (JSON)")
+    p.add_argument("env_id", help="a registered env id (labrl envs list)")
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser("sample", help="play episodes with a scripted (gold) or random policy")
-    p.add_argument("env_id")
-    p.add_argument("-n", "--episodes", type=int, default=3)
-    p.add_argument("--policy", choices=("gold", "random"), default="gold")
-    p.add_argument("--split", choices=("train", "test"), default="train")
+    p.add_argument("env_id", help="a registered env id (labrl envs list)")
+    p.add_argument("-n", "--episodes", type=int, default=3, help="episodes to play (default 3)")
+    p.add_argument(
+        "--policy", choices=("gold", "random"), default="gold", help="the env's gold answer or a random one"
+    )
+    p.add_argument("--split", choices=("train", "test"), default="train", help="task split (default train)")
     p.add_argument("--seed", type=int, default=0, help="seed of the first task; episode i uses seed+i")
     p.add_argument(
         "--option", "-o", action="append", default=[], metavar="KEY=VALUE", help="env option (JSON value)"
@@ -38,12 +40,12 @@ def add_parser(subparsers: Any) -> None:
 
     p = sub.add_parser("dry-run", help="play every registered env with its gold (else random) policy")
     p.add_argument("-n", "--episodes", type=int, default=2, help="episodes per env")
-    p.add_argument("--split", choices=("train", "test"), default="test")
+    p.add_argument("--split", choices=("train", "test"), default="test", help="task split (default test)")
     p.set_defaults(func=cmd_dry_run)
 
     p = sub.add_parser("check", help="run the contract checker (non-zero exit on failure)")
     p.add_argument("env_ids", nargs="*", help="env ids (default: every registered env)")
-    p.add_argument("--seeds", type=int, default=8)
+    p.add_argument("--seeds", type=int, default=8, help="task seeds the checks use (default 8)")
     p.add_argument(
         "--option", "-o", action="append", default=[], metavar="KEY=VALUE", help="env option (JSON value)"
     )
@@ -82,9 +84,11 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from labrl.envs.registry import spec
+    from labrl.envs.registry import env_options, spec
 
-    print(spec(args.env_id).model_dump_json(indent=2))
+    shown = json.loads(spec(args.env_id).model_dump_json())
+    shown["options"] = env_options(args.env_id)  # what `-o KEY=VALUE` / env.options accept
+    print(json.dumps(shown, indent=2, default=str))
     return 0
 
 

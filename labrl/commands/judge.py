@@ -14,12 +14,13 @@ def add_parser(subparsers: Any) -> None:
     sub = judge.add_subparsers(dest="judge_command", metavar="SUBCOMMAND", required=True)
 
     p = sub.add_parser("serve-mock", help="serve the deterministic OpenAI-compatible mock judge")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8765, help="port to listen on (default 8765)")
     p.add_argument(
         "--fault",
         default="none",
         choices=("none", "garbage", "out_of_range", "missing_item", "http_500", "http_429", "timeout"),
+        help="answer every request (or the first --fail-first) with this fault (default none)",
     )
     p.add_argument(
         "--fail-first", type=int, default=None, help="faulty requests before healthy ones (default: all)"
@@ -31,7 +32,7 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=cmd_serve_mock)
 
     p = sub.add_parser("validate", help="validate a JSONL file of rubric tasks (errors name the line)")
-    p.add_argument("path")
+    p.add_argument("path", help="the JSONL file of rubric tasks")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.set_defaults(func=cmd_validate)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("report", help="plot a run's metrics (PNG) and print a summary")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", help="the run directory written by labrl train")
     p.add_argument("--out", default=None, help="where to write the PNGs (default RUN_DIR/report)")
     p.set_defaults(func=cmd_report)
 

@@ -21,10 +21,12 @@ def add_parser(subparsers: Any) -> None:
     sub = serve.add_subparsers(dest="serve_command", metavar="ENGINE", required=True)
     p = sub.add_parser("sglang", help="SGLang with the flags labrl needs; extra args go to SGLang")
     p.add_argument("--model", required=True, help="HF checkpoint directory (see labrl.harness.hf_export)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--host", default="127.0.0.1", help="address the server binds (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=30000, help="port the server listens on (default 30000)")
     p.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for /health_generate")
-    p.add_argument("--max-restarts", type=int, default=3)
+    p.add_argument(
+        "--max-restarts", type=int, default=3, help="restarts after a crash before giving up (default 3)"
+    )
     p.add_argument("--launcher", default=DEFAULT_LAUNCHER, help="command that starts the server")
     p.add_argument("--dry-run", action="store_true", help="print the command and exit")
     p.add_argument("extra", nargs=argparse.REMAINDER, help="-- then arguments passed to SGLang unchanged")

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -21,6 +22,8 @@ def test_well_behaved_envs_pass(env_id):
         "invalid_action",
         "gold",
         "max_turns",
+        "rewards",
+        "event_loop",
     ]
     gold = next(c for c in report.checks if c.name == "gold")
     assert gold.detail == "gold scores 1.0 on 3 tasks"
@@ -84,3 +87,28 @@ def test_cli_check_json_and_exit_codes(capsys, monkeypatch):
     monkeypatch.setattr(EchoEnv, "step", crash)
     assert main(["envs", "check", "test/echo-v0", "--seeds", "2"]) == 1
     assert "FAIL test/echo-v0" in capsys.readouterr().out
+
+
+def test_checker_fails_an_env_that_blocks_the_event_loop():
+    report = check_env("test/blocking-v0", seeds=2)
+    loop = next(c for c in report.checks if c.name == "event_loop")
+    assert not report.passed and not loop.passed
+    assert re.match(
+        r"step on train seed \d blocked the event loop for 1\.\d\d s \(limit 0\.5 s\)", loop.detail
+    )
+    assert all(c.passed for c in report.checks if c.name not in ("event_loop", "timeout")), report.checks
+
+
+def test_checker_fails_an_env_with_a_nan_reward():
+    report = check_env("test/nan-reward-v0", seeds=2)
+    rewards = next(c for c in report.checks if c.name == "rewards")
+    assert not report.passed and not rewards.passed
+    assert "non-finite reward" in rewards.detail and "reward nan" in rewards.detail
+
+
+async def test_nan_reward_is_verifier_failed_not_trained():
+    from labrl.envs import Outcome, make, run_episode, scripted_policy
+
+    env = make("test/nan-reward-v0")
+    episode = await run_episode(env, env.make_task("train", 0), scripted_policy(["ANSWER: wrong"]))
+    assert episode.outcome is Outcome.VERIFIER_FAILED and episode.reward is None

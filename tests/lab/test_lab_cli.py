@@ -27,6 +27,7 @@ def test_public_surface():
         "RestLabConfig",
         "SimulatorAdapter",
         "SupportsEvents",
+        "SupportsSubmitStatus",
         "request_hash",
     }
 

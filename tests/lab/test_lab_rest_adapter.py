@@ -12,6 +12,7 @@ import pytest
 
 from labrl.errors import (
     ConfigError,
+    LabAuthError,
     LabCircuitOpenError,
     LabRejectedError,
     LabStatusError,
@@ -74,8 +75,25 @@ async def test_429_retry_after_is_honoured(api_key):
     await lab.aclose()
 
 
-@pytest.mark.parametrize("status", [400, 401, 403, 409, 422])
-async def test_other_4xx_never_retried(api_key, status):
+@pytest.mark.parametrize(
+    ("status", "error", "message"),
+    [
+        (400, LabRejectedError, "POST /jobs: HTTP 400: nope"),
+        (
+            401,
+            LabAuthError,
+            "POST /jobs: HTTP 401: the lab refused the credentials in $LABRL_LAB_API_KEY: nope",
+        ),
+        (
+            403,
+            LabAuthError,
+            "POST /jobs: HTTP 403: the lab refused the credentials in $LABRL_LAB_API_KEY: nope",
+        ),
+        (409, LabRejectedError, "POST /jobs: HTTP 409: nope"),
+        (422, LabRejectedError, "POST /jobs: HTTP 422: nope"),
+    ],
+)
+async def test_other_4xx_never_retried(api_key, status, error, message):
     calls = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -83,7 +101,7 @@ async def test_other_4xx_never_retried(api_key, status):
         return httpx.Response(status, json={"detail": "nope"})
 
     lab = adapter(handler)
-    with pytest.raises(LabRejectedError, match=re.escape(f"POST /jobs: HTTP {status}: nope")):
+    with pytest.raises(error, match=re.escape(message)):
         await lab.submit({"x": 1}, "k1")
     assert len(calls) == 1
     await lab.aclose()

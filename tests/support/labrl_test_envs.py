@@ -285,6 +285,33 @@ class OffloadEnv(EchoEnv):
         return StepResult(reward=float(value == 9), done=True, info={"value": value})
 
 
+class BlockingEnv(EchoEnv):
+    """Echo whose step computes synchronously for ``block_s`` seconds: it stalls the event loop."""
+
+    def __init__(self, block_s: float = 1.0) -> None:
+        super().__init__()
+        self.spec = EnvSpec(id="test/blocking-v0", description="blocks the loop", has_gold_answer=True)
+        self.block_s = block_s
+
+    async def step(self, action: Action) -> StepResult:
+        time.sleep(self.block_s)  # the bug under test: a blocking call inside a coroutine
+        return await super().step(action)
+
+
+class NaNRewardEnv(EchoEnv):
+    """Echo whose scorer returns NaN for a wrong answer (a 0/0 in a metric)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spec = EnvSpec(
+            id="test/nan-reward-v0", description="NaN for wrong answers", has_gold_answer=True
+        )
+
+    async def step(self, action: Action) -> StepResult:
+        result = await super().step(action)
+        return result if result.reward == 1.0 else result.model_copy(update={"reward": float("nan")})
+
+
 FIXTURES = {
     "test/echo-v0": EchoEnv,
     "test/slow-v0": SlowEnv,
@@ -293,4 +320,27 @@ FIXTURES = {
     "test/broken-verifier-v0": BrokenVerifierEnv,
     "test/calculator-v0": CalculatorEnv,
     "test/offload-v0": OffloadEnv,
+    "test/blocking-v0": BlockingEnv,
+    "test/nan-reward-v0": NaNRewardEnv,
 }
+
+
+class EndlessToolEnv(Env):
+    """Every reply gets a tool message back and the episode never finishes by itself (max_turns 50):
+    a conversation that grows until it outgrows the policy's context."""
+
+    TOOLS = (ToolSpec(name="measure", description="measure a sample"),)
+
+    def __init__(self, prompt: str = "go") -> None:
+        self.spec = EnvSpec(id="test/endless-tools-v0", budgets=Budgets(max_turns=50), tools=self.TOOLS)
+        self.prompt = prompt
+
+    def make_task(self, split: Any, seed: int) -> Task:
+        return Task(env_id=self.spec.id, split=split, seed=seed, task_id=f"endless{seed}")
+
+    async def reset(self, task: Task) -> Observation:
+        return Observation(messages=(Message(role="user", content=self.prompt),), tools=self.TOOLS)
+
+    async def step(self, action: Action) -> StepResult:
+        reply = Message(role="tool", content="reading: 42.0 counts")
+        return StepResult(observation=Observation(messages=(reply,)), reward=0.0)

@@ -48,6 +48,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from labrl.errors import ConfigError, JudgeError, VerifierError
+from labrl.redact import redact
 from labrl.resilience import Backoff, retry_after_s
 from labrl.verifiers.rubric.items import LLMItem
 from labrl.verifiers.rubric.prompt import PROMPT_VERSION, build_messages, parse_scores, response_format
@@ -298,7 +299,8 @@ class JudgeClient:
                         ) from None
                 retryable = reply.status_code == 429 or reply.status_code >= 500
                 retry_after = reply.headers.get("retry-after")
-                failure = f"HTTP {reply.status_code}: {reply.text[:200]!r}"
+                sent = headers.get("Authorization", "").removeprefix("Bearer ")
+                failure = f"HTTP {reply.status_code}: {redact(reply.text, [sent])[:200]!r}"
                 if not retryable:
                     raise JudgeError(f"judge {name!r} at {self.config.url} refused the request: {failure}")
             except (httpx.TransportError, TimeoutError) as exc:

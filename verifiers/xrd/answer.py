@@ -23,6 +23,7 @@ the candidates, when there are candidates). Anything else raises
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -79,11 +80,12 @@ def _resolve(
         if isinstance(space_group, int | float) or (
             isinstance(space_group, str) and space_group.strip().isdigit()
         ):
-            number = int(float(space_group))
-            if float(space_group) != number or not 1 <= number <= 230:
+            value = float(space_group)  # 1e999 and "9" * 400 are inf: int() of it would raise OverflowError
+            if not (math.isfinite(value) and value.is_integer() and 1 <= value <= 230):
                 raise InvalidActionError(
-                    f"space group number must be an integer in 1..230, got {space_group!r}"
+                    f"space group number must be an integer in 1..230, got {repr(space_group)[:40]}"
                 )
+            number = int(value)
             chosen = [p for p in matches if p.spacegroup_number == number]
         elif isinstance(space_group, str):
             chosen = [p for p in matches if _norm_symbol(p.spacegroup_symbol) == _norm_symbol(space_group)]
