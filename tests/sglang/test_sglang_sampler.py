@@ -128,16 +128,14 @@ async def test_inflight_update_retract_0523_tags_tokens_by_span(served, tmp_path
     assert written == [("v000001", ["w"])]
     assert server.backend.updates[0][0] == 1
     assert res.info["resumes"] == 0 and res.info["exact_versions"]
-    # routing rows: each token routed under the version it was fed in with (KV kept across retract here)
+    # routing rows: the retracted request was prefilled again after the update (SGLang frees its KV
+    # cache), so every row of the prefix is re-routed under version 1, like the rows fed in after it
     prompt = [1, 2, 3]
-    fed = (
-        [(t, 0) for t in prompt]
-        + [(t, 0) for t in first[:-1]]
-        + [(first[-1], 1)]
-        + [(t, 1) for t in rest[:-1]]
-    )
-    rows = expected_rows(fed)
+    rows = expected_rows([(t, 1) for t in prompt + first + rest[:-1]])
     assert np.array_equal(res.routed_experts_T_L_K, np.concatenate([rows, PAD]))
+    # (the old rows differ: a client that kept them would replay a routing the final KV never used)
+    stale = expected_rows([(t, 0) for t in prompt + first[:-1]])
+    assert not np.array_equal(res.routed_experts_T_L_K[: len(stale)], stale)
 
 
 async def test_abort_mode_0515_resumes_from_prefix(served, tmp_path):
@@ -149,10 +147,10 @@ async def test_abort_mode_0515_resumes_from_prefix(served, tmp_path):
     _k, first, rest = _check_switch(res, 30)
     assert res.info["resumes"] == 1 and res.info["exact_versions"]
     assert server.log == ["pause:abort", "update_disk:1", "continue"]
-    # rows of the first run (version 0) up to the last token it fed in; the resumed run's rows after
+    # the resumed run prefilled prompt + first under version 1: the client keeps that run's rows for the
+    # whole sequence (the routing its KV cache was built with), not the first run's prefix rows
     prompt = [1, 2, 3]
-    fed = [(t, 0) for t in prompt + first[:-1]] + [(first[-1], 1)] + [(t, 1) for t in rest[:-1]]
-    rows = expected_rows(fed)
+    rows = expected_rows([(t, 1) for t in prompt + first + rest[:-1]])
     assert np.array_equal(res.routed_experts_T_L_K, np.concatenate([rows, PAD]))
 
 

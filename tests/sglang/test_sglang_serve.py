@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from labrl.cli import main
-from labrl.harness.hf_export import TINY_MOE_QWEN3, export_hf_checkpoint
+from labrl.harness.hf_export import TINY_MOE_QWEN3, export_hf_checkpoint, hf_weights
 from labrl.harness.models.build import build_gpt_model
 from labrl.harness.samplers.sglang import SGLangSampler, SGLangSamplerConfig
 from labrl.harness.samplers.sglang_dist import WeightBroadcaster
@@ -117,7 +117,8 @@ async def test_supervised_fake_server_end_to_end(tmp_path):
         dcfg = cfg.model_copy(
             update={"weight_transport": "distributed", "group_backend": "gloo", "master_port": _free_port()}
         )
-        async with SGLangSampler(dcfg, broadcaster=WeightBroadcaster()) as sampler:
+        to_hf = lambda w: hf_weights(w, SMALL)  # noqa: E731  (HF names: what SGLang's load_weights maps)
+        async with SGLangSampler(dcfg, broadcaster=WeightBroadcaster(), to_hf=to_hf) as sampler:
             assert sampler.version == 1
             await sampler.update_weights(state, 2)  # back to the v0 weights, as version 2
             (res3,) = await sampler.generate([req.model_copy(update={"rid": "e2e/2"})])
