@@ -149,6 +149,8 @@ class FakeSGLangServer:
         self.running: list[_Req] = []
         self.waiting: list[_Req] = []
         self.log: list[str] = []  # control calls in order, for tests
+        self.rids: list[str] = []  # every /generate rid, for tests
+        self.received: list[tuple[str, str, tuple[int, ...]]] = []  # (name, dtype, shape) sent to us
         self._receiver: Any = None
         self.group_name: str | None = None
         self._wake: asyncio.Event | None = None
@@ -300,6 +302,7 @@ class FakeSGLangServer:
             if problem:
                 return _error(problem)
             params = dict(body.get("sampling_params") or {})
+            s.rids.append(str(body.get("rid")))
             r = _Req(
                 rid=str(body.get("rid") or f"req-{id(body)}"),
                 prompt=[int(t) for t in body["input_ids"]],
@@ -434,6 +437,10 @@ class FakeSGLangServer:
             refused = await s._before_update(body)
             if refused:
                 return refused
+            s.received += [
+                (n, d, tuple(shape))
+                for n, d, shape in zip(body["names"], body["dtypes"], body["shapes"], strict=True)
+            ]
             load = s._load_named if s.weights is not None else dict
             try:
                 tensors = await asyncio.to_thread(

@@ -716,3 +716,37 @@ class SGLangSampler:
 
 class _TransportFailure(Exception):
     """Internal: a call failed in a way worth a health check and a retry elsewhere."""
+
+
+def make_sglang_sampler(
+    config: SGLangSamplerConfig,
+    model_cfg: Any,
+    *,
+    broadcaster: Any | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> SGLangSampler:
+    """The sampler ``labrl train`` runs for ``sampler.kind: sglang`` (the ``sampler.sglang`` block).
+
+    Binds the one megatron -> HF conversion (``hf_export.hf_weights``) to the
+    run's model for both transports: the disk writer exports it as a
+    checkpoint, the distributed transport broadcasts it. The caller then
+    ``start()``s the sampler and pushes the learner's weights with
+    ``update_weights(..., force=True)``.
+    """
+    from labrl.harness.hf_export import export_hf_checkpoint, hf_weights
+    from labrl.harness.samplers.sglang_dist import WeightBroadcaster
+
+    config = config.with_model(model_cfg)
+    dtype = config.torch_export_dtype()
+    if config.weight_transport == "disk":
+        return SGLangSampler(
+            config,
+            weight_writer=lambda state, path: export_hf_checkpoint(state, model_cfg, path, dtype=dtype),
+            transport=transport,
+        )
+    return SGLangSampler(
+        config,
+        broadcaster=broadcaster or WeightBroadcaster(),
+        to_hf=lambda state: hf_weights(state, model_cfg, dtype=dtype),
+        transport=transport,
+    )
