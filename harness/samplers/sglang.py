@@ -318,6 +318,8 @@ class SGLangSampler:
         return version
 
     async def close(self) -> None:
+        if self._group_servers:
+            await self._destroy_group(self._pool.alive)
         await self._client.aclose()
 
     async def __aenter__(self) -> SGLangSampler:
@@ -658,22 +660,24 @@ class SGLangSampler:
                 return True
         return False
 
+    async def _destroy_group(self, servers: list[ServerState]) -> None:
+        """Both ends drop the group. Every server is asked: a long-lived one may still hold a group of
+        this name from an earlier run, and SGLang refuses to create a group under a name in use."""
+        assert self._broadcaster is not None
+        body = {"group_name": self.config.group_name}
+        # a server without one (restarted, or never joined) answers HTTP 400 "does not exist": fine
+        await asyncio.gather(
+            *(self._control(s, "/destroy_weights_update_group", body) for s in servers),
+            return_exceptions=True,
+        )
+        await asyncio.to_thread(self._broadcaster.destroy)
+        self._group_servers = {}
+
     async def _build_group(self, servers: list[ServerState]) -> None:
         """Destroy the old group on every end that has one, then rendezvous all ends again."""
         assert self._broadcaster is not None
         cfg = self.config
-        old = [s for s in servers if s.url in self._group_servers]
-        if old:
-            # a restarted server answers "does not exist" (HTTP 400): nothing to destroy there
-            await asyncio.gather(
-                *(
-                    self._control(s, "/destroy_weights_update_group", {"group_name": cfg.group_name})
-                    for s in old
-                ),
-                return_exceptions=True,
-            )
-        await asyncio.to_thread(self._broadcaster.destroy)
-        self._group_servers = {}
+        await self._destroy_group(servers)
         world = 1 + sum(s.world_size for s in servers)
         offsets, offset = [], 1
         for s in servers:
