@@ -277,3 +277,24 @@ async def test_bad_request_is_not_retried(served, tmp_path):
             await sampler._control(sampler.servers[0], "/pause_generation", {"mode": "sideways"})
         with pytest.raises(SamplerError, match=re.escape("weight version must increase: have 0, got 0")):
             await sampler.update_weights({}, 0)
+
+
+async def test_in_place_update_tags_tokens_from_the_first_one_after_the_update(served, tmp_path):
+    """in_place: KV kept, no flush; tokens generated before the pause carry 0, every later one 1."""
+    server = make_server(tick_delay_s=0.01)
+    at_update: list[int] = []
+    apply = server.backend.update_weights
+
+    async def recording(weights, version, *, force=False):
+        at_update.append(len(server.running[0].out))  # tokens that exist when the weights change
+        await apply(weights, version, force=force)
+
+    server.backend.update_weights = recording
+    url = served(server)
+    async with make_sampler([url], tmp_path, pause_mode="in_place") as sampler:
+        res = await _generate_with_update_midway(sampler, server)
+        assert sampler.version == 1
+    k, _first, _rest = _check_switch(res, 30)
+    assert at_update == [k]
+    assert server.log == ["pause:in_place", "update_disk:1", "continue"]
+    assert res.info["resumes"] == 0 and res.info["exact_versions"]
