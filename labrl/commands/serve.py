@@ -1,9 +1,12 @@
-"""``labrl serve sglang --model PATH [sglang args]``: run a supervised SGLang server for labrl.
+"""``labrl serve sglang --python PY --model PATH [sglang args]``: run a supervised SGLang server for labrl.
 
-Anything after ``--`` goes to SGLang unchanged,
-e.g. ``labrl serve sglang --model ckpt/ --port 30000 -- --tp-size 2``.
-``--launcher`` replaces ``python -m sglang.launch_server`` (tests point it at
-``python -m labrl.harness.samplers.fake_server``).
+SGLang pins its own torch: install it in its own environment and pass that
+environment's interpreter with ``--python`` (checked first: it must import
+sglang); the learner's environment never installs sglang. Anything after
+``--`` goes to SGLang unchanged, e.g.
+``labrl serve sglang --python /opt/sglang/bin/python --model ckpt/ --tp 2 -- --mem-fraction-static 0.7``.
+``--launcher`` replaces the whole ``PY -m sglang.launch_server`` command
+(tests point it at ``python -m labrl.harness.samplers.fake_server``).
 """
 
 from __future__ import annotations
@@ -13,7 +16,14 @@ import signal
 import sys
 from typing import Any
 
-from labrl.harness.samplers.sglang_launch import DEFAULT_LAUNCHER, Supervisor, server_command
+from labrl.errors import ConfigError
+from labrl.harness.samplers.sglang_launch import (
+    DEFAULT_LAUNCHER,
+    Supervisor,
+    check_server_python,
+    launcher_for,
+    server_command,
+)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -25,7 +35,16 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for /health_generate")
     p.add_argument("--max-restarts", type=int, default=3)
-    p.add_argument("--launcher", default=DEFAULT_LAUNCHER, help="command that starts the server")
+    p.add_argument("--python", help="interpreter of the environment SGLang is installed in")
+    p.add_argument("--tp", type=int, help="tensor-parallel size (SGLang's --tp-size)")
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="add --enable-deterministic-inference (SGLang ignores sampling_seed without it)",
+    )
+    p.add_argument(
+        "--launcher", help="command that starts the server (default: PYTHON -m sglang.launch_server)"
+    )
     p.add_argument("--dry-run", action="store_true", help="print the command and exit")
     p.add_argument("extra", nargs=argparse.REMAINDER, help="-- then arguments passed to SGLang unchanged")
     p.set_defaults(func=cmd_sglang)
@@ -33,10 +52,17 @@ def add_parser(subparsers: Any) -> None:
 
 def cmd_sglang(args: argparse.Namespace) -> int:
     extra = [a for a in getattr(args, "extra", []) if a != "--"]
-    cmd = server_command(args.model, args.host, args.port, extra, args.launcher)
+    if args.launcher and args.python:
+        raise ConfigError("give --python (an SGLang environment) or --launcher (a whole command), not both")
+    launcher = args.launcher or (launcher_for(args.python) if args.python else DEFAULT_LAUNCHER)
+    cmd = server_command(
+        args.model, args.host, args.port, extra, launcher, deterministic=args.deterministic, tp_size=args.tp
+    )
     if args.dry_run:
         print(" ".join(cmd))
         return 0
+    if args.python:
+        print(f"labrl serve: {args.python} has sglang {check_server_python(args.python)}", file=sys.stderr)
     sup = Supervisor(cmd, f"http://{args.host}:{args.port}", args.ready_timeout, args.max_restarts)
 
     def _stop(signum: int, _frame: Any) -> None:

@@ -148,3 +148,61 @@ async def _sleep(seconds: float, runner: threading.Thread) -> None:
     if not runner.is_alive():
         raise AssertionError("supervisor thread ended early")
     await asyncio.sleep(seconds)
+
+
+def test_cli_python_tp_and_deterministic(capsys, tmp_path):
+    """--python runs SGLang from its own environment; --deterministic adds the flag sampling_seed needs."""
+    argv = ["serve", "sglang", "--python", "/opt/sg/bin/python", "--model", "/m", "--tp", "2"]
+    assert main([*argv, "--deterministic", "--dry-run"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out == (
+        "/opt/sg/bin/python -m sglang.launch_server --model-path /m --host 127.0.0.1 --port 30000 "
+        "--enable-return-routed-experts --weight-version 0 --enable-deterministic-inference --tp-size 2"
+    )
+
+
+def test_server_python_without_sglang_is_a_clear_error():
+    from labrl.errors import SamplerError
+    from labrl.harness.samplers.sglang_launch import check_server_python
+
+    # this test environment has no sglang (the learner's environment never installs it)
+    with pytest.raises(SamplerError, match="cannot import sglang .*ModuleNotFoundError"):
+        check_server_python(sys.executable)
+    with pytest.raises(SamplerError, match="no such interpreter"):
+        check_server_python("/nonexistent/python")
+
+
+def test_launch_block_builds_the_command():
+    from labrl.harness.samplers.sglang import SGLangLaunchConfig, SGLangSamplerConfig
+    from labrl.harness.samplers.sglang_launch import launch_command
+
+    cfg = SGLangSamplerConfig(
+        launch=SGLangLaunchConfig(python="/env/bin/python", model_path="/ckpt", port=31000, tp_size=4),
+        export_dir="/x",
+        deterministic_inference=True,
+    )
+    assert cfg.server_urls == ("http://127.0.0.1:31000",)
+    cmd = launch_command(cfg.launch, deterministic=cfg.deterministic_inference)
+    assert cmd[:3] == ["/env/bin/python", "-m", "sglang.launch_server"]
+    assert "--enable-deterministic-inference" in cmd and cmd[cmd.index("--tp-size") + 1] == "4"
+
+
+def test_sampler_config_errors_name_the_key():
+    from pydantic import ValidationError
+
+    from labrl.harness.samplers.sglang import SGLangSamplerConfig
+
+    with pytest.raises(ValidationError, match=r"sampler\.sglang\.urls is empty and sampler\.sglang\.launch"):
+        SGLangSamplerConfig(export_dir="/x")
+    with pytest.raises(
+        ValidationError,
+        match=r"sampler\.sglang\.weight_transport 'disk' requires sampler\.sglang\.export_dir",
+    ):
+        SGLangSamplerConfig(urls=("http://h:1",))
+    with pytest.raises(ValidationError, match="bucket_mb"):
+        SGLangSamplerConfig(urls=("http://h:1",), weight_transport="distributed", bucket_mb=0)
+    with pytest.raises(ValidationError, match="extra_forbidden"):
+        SGLangSamplerConfig(urls=("http://h:1",), export_dir="/x", bucket_size=3)
+    # extra="forbid", frozen, and round-trips as a YAML-able dict
+    cfg = SGLangSamplerConfig(urls=("http://h:1",), weight_transport="distributed", bucket_mb=64)
+    assert SGLangSamplerConfig.model_validate(cfg.model_dump()) == cfg
