@@ -166,7 +166,7 @@ def test_server_python_without_sglang_is_a_clear_error():
     from labrl.harness.samplers.sglang_launch import check_server_python
 
     # this test environment has no sglang (the learner's environment never installs it)
-    with pytest.raises(SamplerError, match="cannot import sglang .*ModuleNotFoundError"):
+    with pytest.raises(SamplerError, match=r"cannot import sglang .*ModuleNotFoundError"):
         check_server_python(sys.executable)
     with pytest.raises(SamplerError, match="no such interpreter"):
         check_server_python("/nonexistent/python")
