@@ -196,7 +196,7 @@ def test_sampler_config_errors_name_the_key():
         SGLangSamplerConfig(export_dir="/x")
     with pytest.raises(
         ValidationError,
-        match=r"sampler\.sglang\.weight_transport 'disk' requires sampler\.sglang\.export_dir",
+        match=r"sampler\.sglang\.weight_transport 'disk' requires export_dir: set sampler\.sglang\.export_dir",
     ):
         SGLangSamplerConfig(urls=("http://h:1",))
     with pytest.raises(ValidationError, match="bucket_mb"):
