@@ -372,18 +372,18 @@ class FakeSGLangServer:
         async def update_weights_from_disk(request: Request) -> Any:
             s._ensure_scheduler()
             body = await _json(request)
-            refused = await s._before_update(body)
+            refused = await s._before_update(body, num_paused_requests=0)
             if refused:
                 return refused
             if s.load_weights is None:
-                return _result(False, "this fake server has no weight loader")
+                return _result(False, "this fake server has no weight loader", num_paused_requests=0)
             try:
                 weights = await asyncio.to_thread(s.load_weights, str(body["model_path"]))
                 if s.weights is not None:
                     weights = await asyncio.to_thread(s._load_named, list(weights.items()))
             except Exception as exc:
                 s._admit = True
-                return _result(False, f"Failed to update weights: {exc}.")
+                return _result(False, f"Failed to update weights: {exc}.", num_paused_requests=0)
             return await s._apply(weights, body, "disk")
 
         @app.post("/init_weights_update_group")
@@ -529,12 +529,13 @@ class FakeSGLangServer:
                 return f"routed_experts_start_len={start!r} must be in [0, prompt_tokens={len(ids)}]"
         return None
 
-    async def _before_update(self, body: Mapping[str, Any]) -> JSONResponse | dict | None:
+    async def _before_update(self, body: Mapping[str, Any], **answer_extra: Any) -> JSONResponse | None:
         if self.paused == "in_place" and body.get("flush_cache", True) and (self.running or self.waiting):
             return _result(
                 False,
                 "Cannot flush cache while generation is paused in_place with running requests: "
                 "pass flush_cache=false",
+                **answer_extra,
             )
         if body.get("abort_all_requests"):
             for r in list(self.running) + list(self.waiting):
@@ -561,7 +562,8 @@ class FakeSGLangServer:
                 await self.backend.update_weights(weights, int(new) if new.isdigit() else 0)
                 self.weight_version = new
         except Exception as exc:
-            return _result(False, f"Failed to update weights: {exc}.")
+            extra = {"num_paused_requests": 0} if how == "disk" else {}
+            return _result(False, f"Failed to update weights: {exc}.", **extra)
         finally:
             self._admit = True
             self._poke()
