@@ -102,36 +102,26 @@ def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-class SGLangLaunchConfig(BaseModel):
-    """A server ``labrl serve sglang`` starts (in its own interpreter: SGLang pins its own torch)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    python: str = Field(description="interpreter of the SGLang environment, e.g. /opt/sglang/bin/python")
-    model_path: str = Field(description="HF checkpoint served at start (labrl.harness.hf_export)")
-    host: str = "127.0.0.1"
-    port: int = Field(default=30000, ge=1, le=65535)
-    tp_size: int = Field(default=1, ge=1)
-    extra_args: tuple[str, ...] = Field(default=(), description="passed to sglang.launch_server unchanged")
-    ready_timeout_s: float = Field(default=900.0, gt=0)
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-
 class SGLangSamplerConfig(BaseModel):
     """Everything the client needs; no live objects (serialisable). The ``sampler.sglang`` block.
 
-    Give ``urls`` (servers already running) or ``launch`` (one server started
-    from its own interpreter). The model-shape fields (``num_hidden_layers``,
-    ``moe_layers``, ``topk``) come from the run's model: ``with_model(cfg)``.
+    ``urls`` are the servers. The ``launch_*`` fields say how
+    ``labrl serve sglang --run-config RUN.yaml`` starts the server at
+    ``urls[0]`` from SGLang's own interpreter (``launch_python``); a server
+    started any other way needs none of them. The model-shape fields
+    (``num_hidden_layers``, ``moe_layers``, ``topk``) come from the run's
+    model: ``with_model(cfg)``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     urls: tuple[str, ...] = Field(default=(), description="base URLs, e.g. http://10.0.0.5:30000")
-    launch: SGLangLaunchConfig | None = None
+    launch_python: str | None = Field(
+        default=None, description="interpreter of SGLang's own environment (labrl serve sglang --run-config)"
+    )
+    launch_model_path: str | None = Field(default=None, description="HF checkpoint the launched server loads")
+    launch_tp_size: int = Field(default=1, ge=1, description="tensor-parallel size of the launched server")
+    launch_args: tuple[str, ...] = Field(default=(), description="more sglang.launch_server arguments")
     num_hidden_layers: int | None = Field(
         default=None, ge=1, description="all decoder layers, dense included"
     )
@@ -170,15 +160,8 @@ class SGLangSamplerConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> SGLangSamplerConfig:
         key = f"{CONFIG_PREFIX}."
-        if not self.urls and self.launch is None:
-            raise ConfigError(
-                f"{key}urls is empty and {key}launch is not set: give the URL of a running server "
-                f"(e.g. [http://127.0.0.1:30000]) or {key}launch.python and {key}launch.model_path"
-            )
-        if self.urls and self.launch is not None:
-            raise ConfigError(
-                f"{key}urls and {key}launch are both set: a server is either running or launched"
-            )
+        if not self.urls:
+            raise ConfigError(f"{key}urls is empty: give the server URLs (e.g. [http://127.0.0.1:30000])")
         if self.moe_layers is not None and self.num_hidden_layers is not None:
             bad = [i for i in self.moe_layers if not 0 <= i < self.num_hidden_layers]
             if bad:
@@ -197,7 +180,7 @@ class SGLangSamplerConfig(BaseModel):
 
     @property
     def server_urls(self) -> tuple[str, ...]:
-        return self.urls if self.urls else (self.launch.url,)  # type: ignore[union-attr]
+        return self.urls
 
     @property
     def bucket_bytes(self) -> int:

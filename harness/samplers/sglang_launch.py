@@ -27,10 +27,11 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
-from labrl.errors import SamplerError
+from labrl.errors import ConfigError, SamplerError
 
 DEFAULT_LAUNCHER = f"{shlex.quote(sys.executable)} -m sglang.launch_server"
 
@@ -88,16 +89,26 @@ def server_command(
     return cmd + list(extra)
 
 
-def launch_command(launch, *, deterministic: bool) -> list[str]:
-    """The command for a ``sampler.sglang.launch`` block (``SGLangLaunchConfig``)."""
+def launch_command(cfg: Any) -> list[str]:
+    """The server command of a ``sampler.sglang`` block (``SGLangSamplerConfig``): at ``urls[0]``."""
+    from urllib.parse import urlsplit
+
+    missing = [k for k in ("launch_python", "launch_model_path") if getattr(cfg, k) is None]
+    if missing:
+        raise ConfigError(f"sampler.sglang.{missing[0]} is not set: the launched server needs it")
+    url = urlsplit(cfg.urls[0])
+    if url.hostname is None or url.port is None:
+        raise ConfigError(
+            f"sampler.sglang.urls[0]={cfg.urls[0]!r} needs a host and a port to launch a server at"
+        )
     return server_command(
-        launch.model_path,
-        launch.host,
-        launch.port,
-        list(launch.extra_args),
-        launcher_for(launch.python),
-        deterministic=deterministic,
-        tp_size=launch.tp_size,
+        cfg.launch_model_path,
+        url.hostname,
+        url.port,
+        list(cfg.launch_args),
+        launcher_for(cfg.launch_python),
+        deterministic=cfg.deterministic_inference,
+        tp_size=cfg.launch_tp_size,
     )
 
 

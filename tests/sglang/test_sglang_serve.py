@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from labrl.cli import main
+from labrl.errors import ConfigError
 from labrl.harness.hf_export import TINY_MOE_QWEN3, export_hf_checkpoint, hf_weights
 from labrl.harness.models.build import build_gpt_model
 from labrl.harness.samplers.sglang import SGLangSampler, SGLangSamplerConfig
@@ -172,19 +173,45 @@ def test_server_python_without_sglang_is_a_clear_error():
         check_server_python("/nonexistent/python")
 
 
-def test_launch_block_builds_the_command():
-    from labrl.harness.samplers.sglang import SGLangLaunchConfig, SGLangSamplerConfig
+def test_launch_fields_build_the_command(tmp_path, capsys):
+    """The sampler.sglang launch_* fields: `labrl serve sglang --run-config RUN.yaml` starts that server."""
+    import yaml
+
+    from labrl.harness.samplers.sglang import SGLangSamplerConfig
     from labrl.harness.samplers.sglang_launch import launch_command
 
     cfg = SGLangSamplerConfig(
-        launch=SGLangLaunchConfig(python="/env/bin/python", model_path="/ckpt", port=31000, tp_size=4),
+        urls=("http://10.0.0.5:31000",),
+        launch_python="/env/bin/python",
+        launch_model_path="/ckpt",
+        launch_tp_size=4,
         export_dir="/x",
         deterministic_inference=True,
     )
-    assert cfg.server_urls == ("http://127.0.0.1:31000",)
-    cmd = launch_command(cfg.launch, deterministic=cfg.deterministic_inference)
-    assert cmd[:3] == ["/env/bin/python", "-m", "sglang.launch_server"]
+    cmd = launch_command(cfg)
+    assert cmd[:5] == ["/env/bin/python", "-m", "sglang.launch_server", "--model-path", "/ckpt"]
+    assert cmd[cmd.index("--host") + 1] == "10.0.0.5" and cmd[cmd.index("--port") + 1] == "31000"
     assert "--enable-deterministic-inference" in cmd and cmd[cmd.index("--tp-size") + 1] == "4"
+    with pytest.raises(ConfigError, match=r"sampler\.sglang\.launch_python is not set"):
+        launch_command(cfg.model_copy(update={"launch_python": None}))
+    run = {
+        "env": {"id": "xrd/phase-id-v0"},
+        "sampler": {
+            "kind": "sglang",
+            "sglang": {
+                "urls": ["http://127.0.0.1:30001"],
+                "export_dir": str(tmp_path),
+                "launch_python": "/opt/sg/bin/python",
+                "launch_model_path": "/m",
+            },
+        },
+    }
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(run))
+    assert main(["serve", "sglang", "--run-config", str(tmp_path / "run.yaml"), "--dry-run"]) == 0
+    assert capsys.readouterr().out.strip() == (
+        "/opt/sg/bin/python -m sglang.launch_server --model-path /m --host 127.0.0.1 --port 30001 "
+        "--enable-return-routed-experts --weight-version 0 --tp-size 1"
+    )
 
 
 def test_sampler_config_errors_name_the_key():
@@ -192,11 +219,11 @@ def test_sampler_config_errors_name_the_key():
 
     from labrl.harness.samplers.sglang import SGLangSamplerConfig
 
-    with pytest.raises(ValidationError, match=r"sampler\.sglang\.urls is empty and sampler\.sglang\.launch"):
+    with pytest.raises(ValidationError, match=r"sampler\.sglang\.urls is empty"):
         SGLangSamplerConfig(export_dir="/x")
     with pytest.raises(
         ValidationError,
-        match=r"sampler\.sglang\.weight_transport 'disk' requires export_dir: set sampler\.sglang\.export_dir",
+        match=r"weight_transport 'disk' requires export_dir \(sampler\.sglang\.export_dir",
     ):
         SGLangSamplerConfig(urls=("http://h:1",))
     with pytest.raises(ValidationError, match="bucket_mb"):

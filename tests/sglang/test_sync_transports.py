@@ -1,9 +1,9 @@
 """`train` in ``pipeline.mode: sync`` over the fake SGLang server: the distributed transport serves
 the same tensors and the same log-probs as the disk transport, step by step.
 
-Driven through the Python API (``runner.train`` with ``runner.build_sampler`` replaced by one that
-builds the sampler from a ``sampler.sglang`` block via ``make_sglang_sampler``): the run config has
-no ``sampler.sglang`` block yet (the config-composition work wires it). The fake runs with
+Driven through ``runner.train`` (what ``labrl train`` runs) with the transport chosen in the run
+config's ``sampler.sglang`` block; only the learner is wrapped, to record each step's batch and the
+weights the server held when it generated that batch. The fake runs with
 ``--enable-deterministic-inference`` and the sampler asks for it, so seeded sampling makes both
 runs generate the same tokens.
 """
@@ -22,7 +22,6 @@ from labrl.harness.hf_export import export_hf_checkpoint
 from labrl.harness.models.build import build_gpt_model
 from labrl.harness.pipeline import runner
 from labrl.harness.samplers.fake_server import ServerThread, local_fake_server
-from labrl.harness.samplers.sglang import SGLangSamplerConfig, make_sglang_sampler
 
 STEPS = 3
 
@@ -70,22 +69,13 @@ async def _run(transport: str, tmp, monkeypatch) -> dict:
         return learner
 
     with ServerThread(server.app) as url:
-
-        async def build_sampler(cfg, learner, tokenizer):
-            block = SGLangSamplerConfig(
-                urls=(url,),
-                weight_transport=transport,
-                export_dir=str(run / "exports"),
-                group_backend="gloo",
-                master_port=_free_port(),
-                deterministic_inference=True,
-            )
-            sampler = make_sglang_sampler(block, cfg.model.resolve())
-            await sampler.start()
-            await sampler.update_weights(learner.export_weights(), learner.version, force=True)
-            return sampler
-
-        monkeypatch.setattr(runner, "build_sampler", build_sampler)
+        raw["sampler"]["sglang"] = raw["sampler"]["sglang"] | {
+            "urls": [url],
+            "weight_transport": transport,
+            "group_backend": "gloo",
+            "master_port": _free_port(),
+            "deterministic_inference": True,
+        }
         monkeypatch.setattr(runner, "build_learner", recording_learner)
         try:
             summary = await runner.train(build_run_config(raw))
