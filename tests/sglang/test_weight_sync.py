@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 import torch
@@ -123,16 +122,17 @@ async def test_wrong_group_name_fails_within_the_timeout(served_model):
         def init_group(self, **kw):
             super().init_group(**(kw | {"group_name": "not_the_servers"}))
 
-    server = local_fake_server(served_model, group_timeout_s=3)
+    # long enough for the receiver process to start and meet the trainer at the TCP store even on a
+    # loaded machine: the failure is then the prefixed keys, never found (the test's timeout bounds it)
+    server = local_fake_server(served_model, group_timeout_s=20)
     with ServerThread(server.app) as url:
-        cfg = _config(url, group_timeout_s=3).with_model(CFG)
+        cfg = _config(url, group_timeout_s=20).with_model(CFG)
         sampler = SGLangSampler(cfg, broadcaster=OtherName(), to_hf=lambda s: hf_weights(s, CFG))
         async with sampler:
-            started = time.monotonic()
             with pytest.raises(SamplerError, match="init_weights_update_group failed") as err:
                 await sampler.update_weights(megatron_state(CFG, seed=0), 1)
-            assert time.monotonic() - started < 30
-    assert "wait timeout" in str(err.value) or "Failed to initialize custom process group" in str(err.value)
+    # the trainer waited for keys under its own prefix, which the server never wrote
+    assert "wait timeout" in str(err.value) and "/not_the_servers/" in str(err.value)
     assert "init_group" not in server.log
 
 
