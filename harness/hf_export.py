@@ -235,6 +235,32 @@ def megatron_to_hf(
     return out
 
 
+def training_dtype(state: Mapping[str, torch.Tensor]) -> torch.dtype:
+    """The dtype the learner holds its floating-point weights in (bf16 on GPU runs, fp32 on CPU)."""
+    dtypes = {v.dtype for v in state.values() if isinstance(v, torch.Tensor) and v.is_floating_point()}
+    if len(dtypes) == 1:
+        return dtypes.pop()
+    # mixed (e.g. fp32 router in a bf16 model): serve in the widest half precision present, else fp32
+    return torch.bfloat16 if torch.bfloat16 in dtypes else torch.float32
+
+
+def hf_weights(
+    state: Mapping[str, torch.Tensor],
+    cfg: MoEModelConfig,
+    *,
+    arch: Arch | None = None,
+    dtype: torch.dtype | None = None,
+) -> dict[str, torch.Tensor]:
+    """What a server loads: ``megatron_to_hf`` in ``dtype`` (default: the training dtype), on CPU.
+
+    The one conversion used by both the disk export (``export_hf_checkpoint``)
+    and the distributed update (``SGLangSampler`` with transport
+    ``distributed``), so both transports move identical tensors.
+    """
+    dtype = training_dtype(state) if dtype is None else dtype
+    return {k: v.to(dtype).contiguous() for k, v in megatron_to_hf(state, cfg, arch).items()}
+
+
 def write_tokenizer_files(path: Path) -> None:
     """tokenizer.json (+ config) for labrl's ByteTokenizer: bytes 0-255 as ids 0-255, specials 256-263.
 
@@ -332,17 +358,22 @@ def export_hf_checkpoint(
     path: str | Path,
     *,
     arch: Arch | None = None,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
     tokenizer: bool = True,
     eos_token_id: int | None = None,
 ) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` (+ tokenizer files) into ``path``."""
+    """Write ``config.json`` + ``model.safetensors`` (+ tokenizer files) into ``path``.
+
+    ``dtype=None`` writes the training dtype (``training_dtype``): a bf16
+    learner's checkpoint is bf16, and ``config.json``'s ``torch_dtype`` says so,
+    so a server launched with ``--dtype auto`` serves what was trained.
+    """
     from safetensors.torch import save_file
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.to(dtype).cpu().contiguous() for k, v in megatron_to_hf(state, cfg, arch).items()}
-    dtype_name = str(dtype).removeprefix("torch.")
+    tensors = {k: v.cpu() for k, v in hf_weights(state, cfg, arch=arch, dtype=dtype).items()}
+    dtype_name = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
     if tokenizer and eos_token_id is None and cfg.vocab_size == 264:
         from labrl.harness.tokenizer import SPECIAL_TOKENS
 

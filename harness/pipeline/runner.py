@@ -89,16 +89,10 @@ async def build_sampler(cfg: RunConfig, learner, tokenizer: Tokenizer):
             model_cfg, components.sampler, weights=learner.export_weights(), version=learner.version
         )
     else:
-        from labrl.harness.hf_export import export_hf_checkpoint
-        from labrl.harness.samplers.sglang import SGLangSampler
-        from labrl.harness.samplers.sglang_dist import WeightBroadcaster
+        from labrl.harness.samplers.sglang import make_sglang_sampler
 
-        distributed = components.sampler.weight_transport == "distributed"
-        sampler = SGLangSampler(
-            components.sampler,
-            weight_writer=lambda state, path: export_hf_checkpoint(state, model_cfg, path),
-            broadcaster=WeightBroadcaster() if distributed else None,
-        )
+        # both transports move hf_export.hf_weights of the learner's weights (HF names, training dtype)
+        sampler = make_sglang_sampler(components.sampler, model_cfg)
         # The servers hold whatever they were launched with (or a previous run's weights):
         # set them to the learner's weights and version, which may not be newer.
         await sampler.start()

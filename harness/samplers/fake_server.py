@@ -16,10 +16,25 @@ Refused like the real server:
   TypeError -> HTTP 400 ``{"error": {"message": ...}}``);
 - ``routed_experts_start_len`` outside ``[0, prompt_tokens]`` (0.5.23);
 - ``/flush_cache`` while requests are running or queued (HTTP 400);
-- ``flush_cache=true`` in an update while paused ``in_place`` (``success: false``);
-- tensor/distributed updates outside ``begin_weight_update`` (0.5.23).
+- weight-update calls that fail answer HTTP 400 ``{"success": false, "message"}``
+  (``http_server.py``): ``flush_cache=true`` while paused ``in_place``,
+  tensor/distributed updates outside ``begin_weight_update`` (0.5.23), a
+  group that cannot be joined ("Failed to initialize custom process group: ...").
 An update on an unpaused server waits until running requests finish (the
 real server's writer lock) and holds new ones back meanwhile.
+
+Where the real server fails silently, so does the fake, and it counts:
+- weights load by HF name through ``SGLangStyleWeights`` (SGLang's
+  ``load_weights`` mapping); a name the model lacks is skipped, recorded in
+  ``server.weights.skipped`` (tests assert it stays empty);
+- the update group is SGLang's ``PrefixStore(group_name, TCPStore)``
+  rendezvous (``sglang_dist``), joined from a child process: a wrong group
+  name times out there too;
+- ``retract`` puts running requests back in the queue and, on resume, the
+  whole prefix is prefilled again: its routed-expert rows are recomputed
+  under the weights held then (the KV cache is rebuilt), as SGLang does;
+- ``sampling_seed`` is ignored unless the server runs with
+  ``--enable-deterministic-inference`` (``enable_deterministic_inference``).
 """
 
 from __future__ import annotations
@@ -38,6 +53,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from labrl.harness.samplers.fake_weights import SGLangStyleWeights
 from labrl.harness.samplers.sglang_wire import SGLANG_SAMPLING_KEYS, encode_routed_experts
 from labrl.harness.types import GenerateRequest, Sampler, SamplingParams
 
@@ -79,6 +95,8 @@ class FakeServerConfig(BaseModel):
         ge=2,
         description="refuse requests past it, as SGLang's TokenizerManager does (None: no limit)",
     )
+    enable_deterministic_inference: bool = False
+    group_timeout_s: float = Field(default=1800.0, gt=0, description="weight-update group rendezvous")
 
 
 @dataclass
@@ -94,10 +112,18 @@ class _Req:
     logprobs: list[float] = field(default_factory=list)
     versions: list[str] = field(default_factory=list)
     rows: list[np.ndarray] = field(default_factory=list)  # (num_hidden_layers, topk) per fed token
+    reprefill: bool = False  # retracted: the whole prefix is fed in again on resume
 
 
 def _error(message: str, status: int = 400) -> JSONResponse:
     return JSONResponse({"error": {"message": message}}, status_code=status)
+
+
+def _result(success: bool, message: str, **extra: Any) -> JSONResponse:
+    """SGLang's answer to weight/group calls: 200 on success, 400 BAD_REQUEST otherwise."""
+    return JSONResponse(
+        {"success": success, "message": message, **extra}, status_code=200 if success else 400
+    )
 
 
 class FakeSGLangServer:
@@ -110,11 +136,17 @@ class FakeSGLangServer:
         *,
         load_weights: WeightLoader | None = None,
         receiver_factory: Callable[[], Any] | None = None,
+        weights: SGLangStyleWeights | None = None,
     ) -> None:
+        """``weights``: the served model's parameters (``local_fake_server``); updates load into
+        them by HF name and the backend generates from ``weights.hf_state()``. Without it (test
+        doubles), ``load_weights(path)`` reads disk updates and tensors go to the backend as sent."""
         self.backend = backend
         self.config = config
         self.load_weights = load_weights
         self.receiver_factory = receiver_factory
+        self.weights = weights
+        self.to_backend: Callable[[Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]] = dict
         self.weight_version = config.weight_version
         self.healthy = True
         self.paused: str | None = None  # pause mode while paused
@@ -122,7 +154,10 @@ class FakeSGLangServer:
         self.running: list[_Req] = []
         self.waiting: list[_Req] = []
         self.log: list[str] = []  # control calls in order, for tests
+        self.rids: list[str] = []  # every /generate rid, for tests
+        self.received: list[tuple[str, str, tuple[int, ...]]] = []  # (name, dtype, shape) sent to us
         self._receiver: Any = None
+        self.group_name: str | None = None
         self._wake: asyncio.Event | None = None
         self._tick_lock: asyncio.Lock | None = None
         self._scheduler: asyncio.Task | None = None
@@ -171,7 +206,10 @@ class FakeSGLangServer:
                         temperature=float(r.params.get("temperature", 1.0)),
                         top_p=float(r.params.get("top_p", 1.0)),
                         top_k=int(r.params.get("top_k", -1)),
-                        seed=None if seed is None else _derive_seed(int(seed), pos),
+                        # SGLang ignores sampling_seed without --enable-deterministic-inference
+                        seed=None
+                        if seed is None or not self.config.enable_deterministic_inference
+                        else _derive_seed(int(seed), pos),
                     ),
                     return_routed_experts=r.return_routed,
                 )
@@ -187,7 +225,14 @@ class FakeSGLangServer:
                 continue
             if res.routed_experts_T_L_K is not None:
                 moe = res.routed_experts_T_L_K  # (len(input)+1, moe_layers, topk)
-                fed = range(0, len(r.prompt)) if not r.out else [len(r.prompt) + len(r.out) - 1]
+                if r.reprefill:  # resumed after a retract: every row is routed again, under today's weights
+                    r.rows = []
+                    r.reprefill = False
+                    fed = range(0, len(r.prompt) + len(r.out))
+                elif not r.out:
+                    fed = range(0, len(r.prompt))
+                else:
+                    fed = [len(r.prompt) + len(r.out) - 1]
                 for pos in fed:
                     row = np.zeros((self.config.num_hidden_layers, self.config.topk), np.int32)
                     row[list(self.config.moe_layers)] = moe[pos]
@@ -262,6 +307,7 @@ class FakeSGLangServer:
             if problem:
                 return _error(problem)
             params = dict(body.get("sampling_params") or {})
+            s.rids.append(str(body.get("rid")))
             r = _Req(
                 rid=str(body.get("rid") or f"req-{id(body)}"),
                 prompt=[int(t) for t in body["input_ids"]],
@@ -291,6 +337,12 @@ class FakeSGLangServer:
                 if mode == "abort":
                     for r in list(s.running) + list(s.waiting):
                         s._finish(r, {"type": "abort", "message": "Abort before the generation is paused."})
+                elif mode == "retract":
+                    # back to the queue, KV cache freed: the prefix is prefilled again on resume
+                    for r in s.running:
+                        r.reprefill = True
+                    s.waiting = s.running + s.waiting
+                    s.running = []
             s.log.append(f"pause:{mode}")
             return {"success": True, "message": f"Generation paused ({mode})."}
 
@@ -325,26 +377,27 @@ class FakeSGLangServer:
         async def update_weights_from_disk(request: Request) -> Any:
             s._ensure_scheduler()
             body = await _json(request)
-            refused = await s._before_update(body)
+            refused = await s._before_update(body, num_paused_requests=0)
             if refused:
                 return refused
             if s.load_weights is None:
-                return {"success": False, "message": "this fake server has no weight loader"}
+                return _result(False, "this fake server has no weight loader", num_paused_requests=0)
             try:
                 weights = await asyncio.to_thread(s.load_weights, str(body["model_path"]))
+                if s.weights is not None:
+                    weights = await asyncio.to_thread(s._load_named, list(weights.items()))
             except Exception as exc:
                 s._admit = True
-                return {
-                    "success": False,
-                    "message": f"Failed to load weights from {body.get('model_path')}: {exc}",
-                }
+                return _result(False, f"Failed to update weights: {exc}.", num_paused_requests=0)
             return await s._apply(weights, body, "disk")
 
         @app.post("/init_weights_update_group")
         async def init_weights_update_group(request: Request) -> Any:
             body = await _json(request)
             if s.receiver_factory is None:
-                return {"success": False, "message": "this fake server cannot join a weight-update group"}
+                return _result(False, "this fake server cannot join a weight-update group")
+            if s._receiver is not None:
+                await asyncio.to_thread(s._receiver.destroy)
             s._receiver = s.receiver_factory()
             try:
                 await asyncio.to_thread(
@@ -357,31 +410,54 @@ class FakeSGLangServer:
                     backend=body.get("backend", "nccl"),
                 )
             except Exception as exc:
-                return {"success": False, "message": f"Failed to init group: {exc}"}
+                s._receiver = None
+                return _result(False, f"Failed to initialize custom process group: {exc}.")
+            s.group_name = body["group_name"]
             s.log.append("init_group")
-            return {"success": True, "message": "Succeeded to initialize custom process group."}
+            return _result(True, "Succeeded to initialize custom process group.")
+
+        @app.post("/destroy_weights_update_group")
+        async def destroy_weights_update_group(request: Request) -> Any:
+            body = await _json(request)
+            if s._receiver is None or body.get("group_name", "weight_update_group") != s.group_name:
+                return _result(False, "The group to be destroyed does not exist.")
+            receiver, s._receiver = s._receiver, None
+            await asyncio.to_thread(receiver.destroy)
+            s.log.append("destroy_group")
+            return _result(True, "Succeeded to destroy custom process group.")
 
         @app.post("/update_weights_from_distributed")
         async def update_weights_from_distributed(request: Request) -> Any:
             s._ensure_scheduler()
             body = await _json(request)
             if v523 and not s.in_update_session:
-                return {
-                    "success": False,
-                    "message": "update_weights_from_distributed requires begin_weight_update first",
-                }
-            if s._receiver is None:
-                return {"success": False, "message": "init_weights_update_group was not called"}
+                return _result(False, "update_weights_from_distributed requires begin_weight_update first")
+            group = body.get("group_name", "weight_update_group")
+            if s._receiver is None or group != s.group_name:
+                # SGLang asserts here (the scheduler dies); the fake answers instead
+                held = [s.group_name] if s._receiver is not None else []
+                return _result(
+                    False, f"Group {group} not in {held}. Please call `init_weights_update_group` first."
+                )
             refused = await s._before_update(body)
             if refused:
                 return refused
+            s.received += [
+                (n, d, tuple(shape))
+                for n, d, shape in zip(body["names"], body["dtypes"], body["shapes"], strict=True)
+            ]
+            load = s._load_named if s.weights is not None else dict
             try:
                 tensors = await asyncio.to_thread(
-                    s._receiver.receive, body["names"], body["dtypes"], body["shapes"]
+                    s._receiver.receive, body["names"], body["dtypes"], body["shapes"], load
                 )
             except Exception as exc:
                 s._admit = True
-                return {"success": False, "message": f"Failed to receive weights: {exc}"}
+                return _result(
+                    False,
+                    f"Failed to update parameter online: {exc}. The full weights of the ModelRunner "
+                    "are partially updated. Please discard the whole weights.",
+                )
             return await s._apply(tensors, body, "distributed")
 
         if v523:
@@ -389,7 +465,7 @@ class FakeSGLangServer:
             @app.post("/begin_weight_update")
             async def begin_weight_update() -> Any:
                 if s.in_update_session:
-                    return {"success": False, "message": "a weight update session is already open"}
+                    return _result(False, "a weight update session is already open")
                 s.in_update_session = True
                 s.log.append("begin")
                 return {"success": True, "message": ""}
@@ -397,7 +473,7 @@ class FakeSGLangServer:
             @app.post("/end_weight_update")
             async def end_weight_update() -> Any:
                 if not s.in_update_session:
-                    return {"success": False, "message": "no weight update session is open"}
+                    return _result(False, "no weight update session is open")
                 s.in_update_session = False
                 s.log.append("end")
                 return {"success": True, "message": ""}
@@ -409,6 +485,7 @@ class FakeSGLangServer:
                 "model_path": s.config.model_path,
                 "enable_return_routed_experts": s.config.enable_return_routed_experts,
                 "tp_size": s.config.tp_size,
+                "enable_deterministic_inference": s.config.enable_deterministic_inference,
                 "pp_size": 1,
                 "dp_size": 1,
                 "weight_version": s.weight_version,
@@ -477,13 +554,14 @@ class FakeSGLangServer:
             )
         return None
 
-    async def _before_update(self, body: Mapping[str, Any]) -> JSONResponse | dict | None:
+    async def _before_update(self, body: Mapping[str, Any], **answer_extra: Any) -> JSONResponse | None:
         if self.paused == "in_place" and body.get("flush_cache", True) and (self.running or self.waiting):
-            return {
-                "success": False,
-                "message": "Cannot flush cache while generation is paused in_place with running requests: "
+            return _result(
+                False,
+                "Cannot flush cache while generation is paused in_place with running requests: "
                 "pass flush_cache=false",
-            }
+                **answer_extra,
+            )
         if body.get("abort_all_requests"):
             for r in list(self.running) + list(self.waiting):
                 self._finish(r, {"type": "abort", "message": "Abort for weight update."})
@@ -494,7 +572,13 @@ class FakeSGLangServer:
                 await asyncio.sleep(0.005)
         return None
 
-    async def _apply(self, weights: Mapping[str, torch.Tensor], body: Mapping[str, Any], how: str) -> dict:
+    def _load_named(self, named: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """SGLang's ``model.load_weights(named)``; returns the backend's view of all weights held now."""
+        assert self.weights is not None
+        self.weights.load_weights(named)
+        return dict(self.to_backend(self.weights.hf_state()))
+
+    async def _apply(self, weights: Mapping[str, torch.Tensor], body: Mapping[str, Any], how: str) -> Any:
         version = body.get("weight_version")
         try:
             assert self._tick_lock is not None
@@ -503,12 +587,15 @@ class FakeSGLangServer:
                 await self.backend.update_weights(weights, int(new) if new.isdigit() else 0)
                 self.weight_version = new
         except Exception as exc:
-            return {"success": False, "message": f"Failed to update weights: {exc}"}
+            extra = {"num_paused_requests": 0} if how == "disk" else {}
+            return _result(False, f"Failed to update weights: {exc}.", **extra)
         finally:
             self._admit = True
             self._poke()
         self.log.append(f"update_{how}:{self.weight_version}")
-        return {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
+        if how == "distributed":
+            return _result(True, "Succeeded to update parameter online.")
+        return _result(True, "Succeeded to update model weights.", num_paused_requests=0)
 
 
 async def _json(request: Request) -> dict[str, Any]:
@@ -570,33 +657,44 @@ def local_fake_server(
     *,
     sglang_version: ServerRelease = "0.5.23",
     enable_return_routed_experts: bool = True,
+    enable_deterministic_inference: bool = False,
     weight_version: str = "0",
     tick_delay_s: float = 0.0,
+    group_timeout_s: float = 1800.0,
     seed: int = 0,
 ) -> FakeSGLangServer:
     """A fake server that serves an exported HF checkpoint with ``LocalSampler`` (fp32, CPU).
 
-    Weight updates load checkpoints with ``labrl.harness.hf_import``, so
-    ``update_weights_from_disk`` exercises the same export -> load path a real
-    SGLang server does; the distributed transport joins a gloo group
+    Weights live in SGLang's fused layout (``SGLangStyleWeights``); disk and
+    distributed updates both load HF-named tensors through its
+    ``load_weights``, and the backend generates from what it holds (converted
+    with ``hf_import.hf_to_megatron``), so an update that loads nothing
+    changes nothing here either. The distributed transport joins a gloo group
     (``sglang_dist.WeightReceiver``). Like SGLang, generation stops at the
     checkpoint's ``eos_token_id`` unless the request sets ``ignore_eos``.
     """
     import json
     from pathlib import Path
 
-    from labrl.harness.hf_import import config_from_hf, load_hf_checkpoint
+    from labrl.harness.hf_import import _arch, config_from_hf, hf_to_megatron, load_hf_tensors
     from labrl.harness.samplers.local import LocalSampler, LocalSamplerConfig
     from labrl.harness.samplers.sglang_dist import WeightReceiver
 
     cfg = config_from_hf(model_path)
-    eos = json.loads((Path(model_path) / "config.json").read_text()).get("eos_token_id")
+    config_json = json.loads((Path(model_path) / "config.json").read_text())
+    arch = _arch(config_json)
+    eos = config_json.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
     version = int(weight_version) if weight_version.isdigit() else 0
+    weights = SGLangStyleWeights(cfg, arch, load_hf_tensors(model_path))
+
+    def to_backend(hf: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return hf_to_megatron(hf, cfg, arch)
+
     backend = LocalSampler(
-        cfg, LocalSamplerConfig(seed=seed), weights=load_hf_checkpoint(model_path, cfg), version=version
+        cfg, LocalSamplerConfig(seed=seed), weights=to_backend(weights.hf_state()), version=version
     )
-    return FakeSGLangServer(
+    server = FakeSGLangServer(
         backend,
         FakeServerConfig(
             sglang_version=sglang_version,
@@ -604,14 +702,19 @@ def local_fake_server(
             moe_layers=tuple(cfg.moe_layer_indices),
             topk=cfg.moe_router_topk,
             enable_return_routed_experts=enable_return_routed_experts,
+            enable_deterministic_inference=enable_deterministic_inference,
             weight_version=weight_version,
             model_path=model_path,
             eos_token_ids=eos_ids,
             tick_delay_s=tick_delay_s,
+            group_timeout_s=group_timeout_s,
         ),
-        load_weights=lambda path: load_hf_checkpoint(path, cfg),
-        receiver_factory=WeightReceiver,
+        load_weights=load_hf_tensors,
+        receiver_factory=lambda: WeightReceiver(timeout_s=group_timeout_s),
+        weights=weights,
     )
+    server.to_backend = to_backend
+    return server
 
 
 def export_run_model(run_config: str, path: str) -> str:
@@ -649,6 +752,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--enable-return-routed-experts", action="store_true")
+    p.add_argument("--enable-deterministic-inference", action="store_true")
     p.add_argument("--weight-version", default="default")
     p.add_argument("--sglang-version", choices=("0.5.23", "0.5.15"), default="0.5.23")
     p.add_argument("--run-config", help="labrl train config whose model to export to --model-path first")
@@ -659,6 +763,7 @@ def main(argv: list[str] | None = None) -> int:
         args.model_path,
         sglang_version=args.sglang_version,
         enable_return_routed_experts=args.enable_return_routed_experts,
+        enable_deterministic_inference=args.enable_deterministic_inference,
         weight_version=args.weight_version,
     )
     uvicorn.run(server.app, host=args.host, port=args.port, log_level="warning", lifespan="off")

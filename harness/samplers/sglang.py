@@ -6,20 +6,33 @@ pool (``sglang_pool.py``). A request the server aborts (``finish_reason
 abort``: a pause in ``abort`` mode, an ``/abort_request``, a restart) is
 resumed from its token prefix: re-submitted with the generated tokens
 appended to the prompt and ``max_new_tokens`` reduced, and the pieces are
-stitched with the version each token was generated under. Routed experts of
-a resumed piece start at row ``len(rows so far)`` (``routed_experts_start_len``
-on 0.5.23; sliced client-side on 0.5.15), so every row is the routing of
-the run that first fed that token in.
+stitched with the version each token was generated under.
+
+Routed experts and retract/resume: a server recomputes the whole prefix
+when a request resumes (``retract`` frees its KV cache; an aborted request
+is re-submitted), so the routing of the prefix changes with the weights.
+The client keeps, for the whole sequence, the rows of the run that produced
+the last token (every row of the final ``/generate`` answer, asked from row
+0): the routing under which the final KV cache was built, never old prefix
+rows stitched to new ones.
 
 In-flight weight update (``update_weights``)::
 
     pause_generation(mode)                      retract | in_place | abort
     begin_weight_update                         0.5.23+, distributed transport only
     update_weights_from_disk                    transport "disk": HF checkpoint dir
-      | init_weights_update_group (once)        transport "distributed": tensors broadcast
-        + update_weights_from_distributed         from this process (rank 0) over the group
+      | init_weights_update_group (once)        transport "distributed": HF tensors broadcast
+        + update_weights_from_distributed x N     from this process (rank 0), one call per
+                                                  bucket of <= bucket_mb; the last one carries
+                                                  weight_version and flush_cache
     end_weight_update                           0.5.23+, distributed transport only
     continue_generation
+
+Both transports move the same tensors: ``hf_export.hf_weights`` (HF names
+and layout, training dtype). The update group is rebuilt (destroyed on both
+ends, then initialised again) when a server's process changed since the
+group was built (a restart: new ``/server_info`` start time or pid, or a
+failed update).
 
 Errors (all ``SamplerError``)::
 
@@ -36,8 +49,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import os
 import shutil
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -48,6 +63,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from labrl.errors import ConfigError, SamplerError
+from labrl.harness.samplers.sglang_dist import plan_buckets
 from labrl.harness.samplers.sglang_pool import RoutingPolicy, ServerPool, ServerState
 from labrl.harness.samplers.sglang_wire import (
     decode_segment,
@@ -64,9 +80,13 @@ log = logging.getLogger(__name__)
 
 PauseMode = Literal["retract", "in_place", "abort"]
 WeightTransport = Literal["disk", "distributed"]
+ExportDtype = Literal["auto", "float32", "bfloat16", "float16"]
+CONFIG_PREFIX = "sampler.sglang"  # where the run config keeps this block; errors name keys under it
 
 # Writes a loadable checkpoint (HF layout) of learner weights into a directory.
 WeightWriter = Callable[[Mapping[str, torch.Tensor], Path], None]
+# Learner weights -> the served model's HF tensors (hf_export.hf_weights bound to the model config).
+HFConverter = Callable[[Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]]
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
@@ -87,30 +107,55 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 
 
 class SGLangSamplerConfig(BaseModel):
-    """Everything the client needs; no live objects (serialisable)."""
+    """Everything the client needs; no live objects (serialisable). The ``sampler.sglang`` block.
+
+    ``urls`` are the servers. The ``launch_*`` fields say how
+    ``labrl serve sglang --run-config RUN.yaml`` starts the server at
+    ``urls[0]`` from SGLang's own interpreter (``launch_python``); a server
+    started any other way needs none of them. The model-shape fields
+    (``num_hidden_layers``, ``moe_layers``, ``topk``) come from the run's
+    model: ``with_model(cfg)``.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    urls: tuple[str, ...] = Field(min_length=1, description="base URLs, e.g. http://10.0.0.5:30000")
-    num_hidden_layers: int = Field(ge=1, description="all decoder layers of the served model, dense included")
-    moe_layers: tuple[int, ...] = Field(min_length=1, description="indices of the MoE layers among them")
-    topk: int = Field(ge=1, description="experts per token (moe_router_topk)")
+    urls: tuple[str, ...] = Field(default=(), description="base URLs, e.g. http://10.0.0.5:30000")
+    launch_python: str | None = Field(
+        default=None, description="interpreter of SGLang's own environment (labrl serve sglang --run-config)"
+    )
+    launch_model_path: str | None = Field(default=None, description="HF checkpoint the launched server loads")
+    launch_tp_size: int = Field(default=1, ge=1, description="tensor-parallel size of the launched server")
+    launch_args: tuple[str, ...] = Field(default=(), description="more sglang.launch_server arguments")
+    num_hidden_layers: int | None = Field(
+        default=None, ge=1, description="all decoder layers, dense included"
+    )
+    moe_layers: tuple[int, ...] | None = Field(default=None, description="indices of the MoE layers")
+    topk: int | None = Field(default=None, ge=1, description="experts per token (moe_router_topk)")
     routing: RoutingPolicy = "least_loaded"
     group_sep: str = Field(default="/", min_length=1, description="rid = <group key><sep><sample>")
     pause_mode: PauseMode = "retract"
     weight_transport: WeightTransport = "disk"
     export_dir: str | None = Field(default=None, description="where 'disk' updates write checkpoints")
     keep_exports: int = Field(default=2, ge=1, description="checkpoint dirs kept on disk")
+    export_dtype: ExportDtype = Field(
+        default="auto", description="dtype of served weights; auto = the learner's training dtype"
+    )
     # distributed transport: this process is rank 0 of the update group
     master_address: str = "127.0.0.1"
     master_port: int = Field(default=29555, ge=1, le=65535)
-    group_name: str = "labrl_weights"
+    group_name: str = Field(default="labrl_weights", min_length=1)
     group_backend: Literal["nccl", "gloo"] = "nccl"
+    group_timeout_s: float = Field(default=1800.0, gt=0, description="rendezvous and each broadcast")
+    bucket_mb: float = Field(default=512.0, gt=0, description="max MiB per update_weights_from_distributed")
+    # determinism: SGLang ignores sampling_seed unless launched with --enable-deterministic-inference
+    deterministic_inference: bool = False
     # time limits (seconds) and limits
     connect_timeout_s: float = Field(default=5.0, gt=0)
     request_timeout_s: float = Field(default=1800.0, gt=0, description="one /generate call")
     control_timeout_s: float = Field(default=600.0, gt=0, description="pause/update/continue calls")
-    health_timeout_s: float = Field(default=20.0, gt=0)
+    # SGLang answers /health_generate itself within its 20 s watchdog (503 when stuck): wait longer
+    # than that, so the server's verdict arrives instead of a client timeout racing it.
+    health_timeout_s: float = Field(default=30.0, gt=0)
     max_connections: int = Field(default=512, ge=1, description="per client (all servers)")
     max_retries: int = Field(default=3, ge=0, description="re-submissions after transport errors")
     retry_backoff_s: float = Field(default=0.5, ge=0)
@@ -118,20 +163,45 @@ class SGLangSamplerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> SGLangSamplerConfig:
-        bad = [i for i in self.moe_layers if not 0 <= i < self.num_hidden_layers]
-        if bad:
-            raise ConfigError(
-                f"moe_layers {bad} outside [0, num_hidden_layers={self.num_hidden_layers}): "
-                "list the MoE layer indices of the served model"
-            )
-        if len(set(self.moe_layers)) != len(self.moe_layers):
-            raise ConfigError(f"moe_layers {list(self.moe_layers)} has duplicates")
+        key = f"{CONFIG_PREFIX}."
+        if not self.urls:
+            raise ConfigError(f"{key}urls is empty: give the server URLs (e.g. [http://127.0.0.1:30000])")
+        if self.moe_layers is not None and self.num_hidden_layers is not None:
+            bad = [i for i in self.moe_layers if not 0 <= i < self.num_hidden_layers]
+            if bad:
+                raise ConfigError(
+                    f"{key}moe_layers {bad} outside [0, num_hidden_layers={self.num_hidden_layers}): "
+                    "list the MoE layer indices of the served model"
+                )
+            if len(set(self.moe_layers)) != len(self.moe_layers):
+                raise ConfigError(f"{key}moe_layers {list(self.moe_layers)} has duplicates")
         if self.weight_transport == "disk" and self.export_dir is None:
             raise ConfigError(
                 "weight_transport 'disk' requires export_dir (sampler.sglang.export_dir in a run config): "
                 "where each weight update's checkpoint is written"
             )
         return self
+
+    @property
+    def server_urls(self) -> tuple[str, ...]:
+        return self.urls
+
+    @property
+    def bucket_bytes(self) -> int:
+        return int(self.bucket_mb * (1 << 20))
+
+    def with_model(self, cfg: Any) -> SGLangSamplerConfig:
+        """Fill the model-shape fields from a ``MoEModelConfig`` (the served model is the trained one)."""
+        return self.model_copy(
+            update={
+                "num_hidden_layers": cfg.num_layers,
+                "moe_layers": tuple(cfg.moe_layer_indices),
+                "topk": cfg.moe_router_topk,
+            }
+        )
+
+    def torch_export_dtype(self) -> torch.dtype | None:
+        return None if self.export_dtype == "auto" else getattr(torch, self.export_dtype)
 
 
 class SGLangSampler:
@@ -143,14 +213,30 @@ class SGLangSampler:
         *,
         weight_writer: WeightWriter | None = None,
         broadcaster: Any | None = None,
+        to_hf: HFConverter | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        key = f"{CONFIG_PREFIX}."
+        missing = [k for k in ("num_hidden_layers", "moe_layers", "topk") if getattr(config, k) is None]
+        if missing:
+            raise ConfigError(
+                f"{key}{missing[0]} is not set: build the sampler config with .with_model(model_config)"
+            )
         if config.weight_transport == "disk" and weight_writer is None:
-            raise ConfigError("weight_transport 'disk' needs a weight_writer (e.g. labrl.harness.hf_export)")
+            raise ConfigError(
+                f"{key}weight_transport 'disk' needs a weight_writer (labrl.harness.hf_export.export_hf_checkpoint)"
+            )
+        if config.weight_transport == "distributed" and (broadcaster is None or to_hf is None):
+            raise ConfigError(
+                f"{key}weight_transport 'distributed' needs a broadcaster "
+                "(labrl.harness.samplers.sglang_dist.WeightBroadcaster) and to_hf "
+                "(labrl.harness.hf_export.hf_weights bound to the model config)"
+            )
         self.config = config
         self._writer = weight_writer
         self._broadcaster = broadcaster
-        self._pool = ServerPool(list(config.urls), config.routing, config.group_sep)
+        self._to_hf = to_hf
+        self._pool = ServerPool(list(config.server_urls), config.routing, config.group_sep)
         limits = httpx.Limits(max_connections=config.max_connections, max_keepalive_connections=64)
         timeout = httpx.Timeout(config.request_timeout_s, connect=config.connect_timeout_s)
         self._client = httpx.AsyncClient(limits=limits, timeout=timeout, transport=transport)
@@ -159,15 +245,24 @@ class SGLangSampler:
         self._running = asyncio.Event()  # set = generation may proceed (not paused by us)
         self._running.set()
         self._update_lock = asyncio.Lock()
-        self._group_ready = False
         self._exports: list[Path] = []
         self._started = False
-        self._submissions = 0  # makes every /generate rid unique on the server
+        self._submissions = 0  # with _rid_tag, makes every /generate rid unique on the server
         self._context_length: int | None = None  # learnt from the first context-length refusal
+        # unique across processes and hosts: two samplers (e.g. train and eval) may share a server
+        self._rid_tag = f"{os.getpid():x}{uuid.uuid4().hex[:10]}"
+        self._group_servers: dict[str, int] = {}  # url -> rank offset in the current update group
         self._active = 0  # requests in flight through generate()
         self._busy_mark = 0.0
         # busy_s: wall time with at least one request in flight (the pipeline's "sampler busy")
-        self.stats = {"resumed": 0, "retried": 0, "inexact_versions": 0, "busy_s": 0.0}
+        self.stats = {
+            "resumed": 0,
+            "retried": 0,
+            "inexact_versions": 0,
+            "busy_s": 0.0,
+            "groups_built": 0,
+            "buckets_sent": 0,
+        }
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -198,6 +293,12 @@ class SGLangSampler:
         server.has_weight_update_session = _version_tuple(release) >= (0, 5, 23)
         server.has_routed_experts_start_len = server.has_weight_update_session
         server.routed_experts_enabled = bool(info.get("enable_return_routed_experts", False))
+        if self.config.deterministic_inference and not info.get("enable_deterministic_inference"):
+            raise SamplerError(
+                f"{server.url}: {CONFIG_PREFIX}.deterministic_inference is on but the server runs "
+                "without --enable-deterministic-inference (SGLang then ignores sampling_seed): "
+                "relaunch it with that flag (labrl serve sglang --deterministic adds it)"
+            )
         server.world_size = int(info.get("tp_size", 1)) * int(info.get("pp_size", 1))
         model_info = await self._get(server, "/model_info")
         version = parse_weight_version(model_info.get("weight_version"))
@@ -205,6 +306,8 @@ class SGLangSampler:
         return version
 
     async def close(self) -> None:
+        if self._group_servers:
+            await self._destroy_group(self._pool.alive)
         await self._client.aclose()
 
     async def __aenter__(self) -> SGLangSampler:
@@ -297,8 +400,7 @@ class SGLangSampler:
         out_ids: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
-        rows: list[np.ndarray] = []  # routing rows (num_hidden_layers, topk) of tokens fed in so far
-        n_rows = 0
+        rows: np.ndarray | None = None  # (tokens fed in, num_hidden_layers, topk) of the latest run
         finish: FinishReason = "abort"
         resumes = retries = 0
         servers_used: list[str] = []
@@ -328,15 +430,15 @@ class SGLangSampler:
                     f"{server.url}: routed experts requested but the server runs without "
                     "--enable-return-routed-experts (labrl serve sglang adds it)"
                 )
-            start_len = n_rows if server.has_routed_experts_start_len else None
             # SGLang keys live requests by rid: two callers may reuse one (a task sampled twice).
             self._submissions += 1
             body = generate_payload(
-                rid=f"{req.rid}#{self._submissions}",
+                rid=f"{req.rid}#{self._rid_tag}-{self._submissions}",
                 input_ids=prompt + out_ids,
                 sampling_params=sampling_params_payload(req.sampling, max_new_tokens=remaining),
                 return_routed_experts=want_rows,
-                routed_experts_start_len=start_len,
+                # every row, from row 0: a resumed run re-prefills (re-routes) the whole prefix
+                routed_experts_start_len=None,
             )
             submitted = self._server_version.get(server.url, self._version)
             server.in_flight += 1
@@ -367,17 +469,14 @@ class SGLangSampler:
             inexact |= not seg.exact_versions
             if seg.routed_rows is not None:
                 fed = len(prompt) + len(out_ids) + len(seg.output_ids) - 1  # tokens fed in by now
-                first = start_len or 0
-                got = reshape_routed_rows(
+                # this run's rows replace all earlier ones (see module docstring)
+                rows = reshape_routed_rows(
                     seg.routed_rows,
-                    rows=max(0, fed - first),
+                    rows=max(0, fed),
                     num_hidden_layers=cfg.num_hidden_layers,
                     topk=cfg.topk,
                     server=server.url,
                 )
-                new = got[n_rows - first :]
-                rows.append(new)
-                n_rows += new.shape[0]
             out_ids += seg.output_ids
             logprobs += seg.logprobs
             versions += seg.versions
@@ -394,12 +493,8 @@ class SGLangSampler:
         if inexact:
             self.stats["inexact_versions"] += 1
         routed = None
-        if req.return_routed_experts and (rows or out_ids):
-            all_rows = (
-                np.concatenate(rows, axis=0)
-                if rows
-                else np.zeros((0, cfg.num_hidden_layers, cfg.topk), np.int32)
-            )
+        if req.return_routed_experts and (rows is not None or out_ids):
+            all_rows = rows if rows is not None else np.zeros((0, cfg.num_hidden_layers, cfg.topk), np.int32)
             routed = to_learner_layout(
                 all_rows, num_tokens=len(prompt) + len(out_ids), moe_layers=cfg.moe_layers
             )
@@ -498,37 +593,101 @@ class SGLangSampler:
             )
 
     async def _update_distributed(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
-        if self._broadcaster is None:
-            raise ConfigError(
-                "weight_transport 'distributed' needs a broadcaster "
-                "(labrl.harness.samplers.sglang_dist.WeightBroadcaster)"
-            )
+        assert self._broadcaster is not None and self._to_hf is not None
         cfg = self.config
+        tensors = await asyncio.to_thread(self._to_hf, weights)
+        names = list(tensors)
+        buckets = plan_buckets(
+            [tensors[n].numel() * tensors[n].element_size() for n in names], cfg.bucket_bytes
+        )
         servers = self._pool.alive
-        if not self._group_ready:
-            await self._init_group(servers)
+        if await self._group_lost(servers):
+            await self._build_group(servers)
         session = [s for s in servers if s.has_weight_update_session]
         await asyncio.gather(*(self._control(s, "/begin_weight_update", {}) for s in session))
-        names = list(weights)
-        body = {
-            "names": names,
-            "dtypes": [str(weights[n].dtype).removeprefix("torch.") for n in names],
-            "shapes": [list(weights[n].shape) for n in names],
-            "group_name": cfg.group_name,
-            "weight_version": str(version),
-            "flush_cache": self._flush_cache(),
-        }
-        # Servers receive while this process sends: the HTTP calls return once every tensor arrived.
-        send = asyncio.to_thread(self._broadcaster.broadcast, [weights[n] for n in names])
-        calls = self._on_all(lambda s: self._control(s, "/update_weights_from_distributed", body), version)
-        results = await asyncio.gather(send, calls, return_exceptions=True)
-        for res in results:
-            if isinstance(res, BaseException):
-                raise res
+        for i, bucket in enumerate(buckets):
+            last = i == len(buckets) - 1
+            part = [names[j] for j in bucket]
+            body: dict[str, Any] = {
+                "names": part,
+                "dtypes": [str(tensors[n].dtype).removeprefix("torch.") for n in part],
+                "shapes": [list(tensors[n].shape) for n in part],
+                "group_name": cfg.group_name,
+                # the cache holds KV of the old weights: flushed once, after the last bucket
+                "flush_cache": last and self._flush_cache(),
+            }
+            if last:
+                body["weight_version"] = str(version)
+            await self._send_bucket(servers, body, [tensors[n] for n in part], version if last else None)
+            self.stats["buckets_sent"] += 1
         await asyncio.gather(*(self._control(s, "/end_weight_update", {}) for s in session))
 
-    async def _init_group(self, servers: list[ServerState]) -> None:
+    async def _send_bucket(
+        self, servers: list[ServerState], body: dict, tensors: list[torch.Tensor], version: int | None
+    ) -> None:
+        """One ``/update_weights_from_distributed`` per server while this process broadcasts the bucket."""
+        assert self._broadcaster is not None
+        send = asyncio.create_task(asyncio.to_thread(self._broadcaster.broadcast, tensors))
+        calls = await asyncio.gather(
+            *(self._control(s, "/update_weights_from_distributed", body) for s in servers),
+            return_exceptions=True,
+        )
+        errors = []
+        for server, res in zip(servers, calls, strict=True):
+            if isinstance(res, BaseException):
+                self._pool.mark_dead(server)  # it may hold a partial update: out until restarted
+                errors.append(f"{server.url}: {res}")
+            elif version is not None:
+                self._server_version[server.url] = version
+        if errors:
+            self._group_servers = {}  # the group is broken: rebuilt before the next update
+            # A server that refused the call never receives: don't wait out the group timeout here.
+            await asyncio.wait({send}, timeout=5.0)
+            raise SamplerError(f"distributed weight update failed (servers taken out): {'; '.join(errors)}")
+        await send
+
+    async def _group_lost(self, servers: list[ServerState]) -> bool:
+        """True when the group must be (re)built: never built, other servers, or a server restarted.
+
+        A restarted server answers with the weight version it was launched
+        with, not the one labrl set last; its process holds no group (and
+        SGLang asserts on an update to an unknown group), so the whole group
+        is rebuilt.
+        """
+        if set(self._group_servers) != {s.url for s in servers}:
+            return True
+        infos = await asyncio.gather(*(self._get(s, "/model_info") for s in servers))
+        for server, info in zip(servers, infos, strict=True):
+            held = parse_weight_version(info.get("weight_version"))
+            if held != self._server_version.get(server.url):
+                log.warning(
+                    "SGLang server %s holds weight version %s, expected %s: restarted? rebuilding the "
+                    "weight-update group",
+                    server.url,
+                    held,
+                    self._server_version.get(server.url),
+                )
+                return True
+        return False
+
+    async def _destroy_group(self, servers: list[ServerState]) -> None:
+        """Both ends drop the group. Every server is asked: a long-lived one may still hold a group of
+        this name from an earlier run, and SGLang refuses to create a group under a name in use."""
+        assert self._broadcaster is not None
+        body = {"group_name": self.config.group_name}
+        # a server without one (restarted, or never joined) answers HTTP 400 "does not exist": fine
+        await asyncio.gather(
+            *(self._control(s, "/destroy_weights_update_group", body) for s in servers),
+            return_exceptions=True,
+        )
+        await asyncio.to_thread(self._broadcaster.destroy)
+        self._group_servers = {}
+
+    async def _build_group(self, servers: list[ServerState]) -> None:
+        """Destroy the old group on every end that has one, then rendezvous all ends again."""
+        assert self._broadcaster is not None
         cfg = self.config
+        await self._destroy_group(servers)
         world = 1 + sum(s.world_size for s in servers)
         offsets, offset = [], 1
         for s in servers:
@@ -552,6 +711,7 @@ class SGLangSampler:
             world_size=world,
             group_name=cfg.group_name,
             backend=cfg.group_backend,
+            timeout_s=cfg.group_timeout_s,
         )
         calls = [
             self._control(s, "/init_weights_update_group", body(o))
@@ -560,8 +720,12 @@ class SGLangSampler:
         results = await asyncio.gather(join, *calls, return_exceptions=True)
         for res in results:
             if isinstance(res, BaseException):
-                raise SamplerError(f"init_weights_update_group failed: {res}") from res
-        self._group_ready = True
+                raise SamplerError(
+                    f"init_weights_update_group failed (group {cfg.group_name!r} at "
+                    f"{cfg.master_address}:{cfg.master_port}, world {world}): {res}"
+                ) from res
+        self._group_servers = {s.url: o for s, o in zip(servers, offsets, strict=True)}
+        self.stats["groups_built"] += 1
 
 
 _CONTEXT_LIMIT = re.compile(
@@ -585,3 +749,37 @@ class _ContextFull(SamplerError):
 
 class _TransportFailure(Exception):
     """Internal: a call failed in a way worth a health check and a retry elsewhere."""
+
+
+def make_sglang_sampler(
+    config: SGLangSamplerConfig,
+    model_cfg: Any,
+    *,
+    broadcaster: Any | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> SGLangSampler:
+    """The sampler ``labrl train`` runs for ``sampler.kind: sglang`` (the ``sampler.sglang`` block).
+
+    Binds the one megatron -> HF conversion (``hf_export.hf_weights``) to the
+    run's model for both transports: the disk writer exports it as a
+    checkpoint, the distributed transport broadcasts it. The caller then
+    ``start()``s the sampler and pushes the learner's weights with
+    ``update_weights(..., force=True)``.
+    """
+    from labrl.harness.hf_export import export_hf_checkpoint, hf_weights
+    from labrl.harness.samplers.sglang_dist import WeightBroadcaster
+
+    config = config.with_model(model_cfg)
+    dtype = config.torch_export_dtype()
+    if config.weight_transport == "disk":
+        return SGLangSampler(
+            config,
+            weight_writer=lambda state, path: export_hf_checkpoint(state, model_cfg, path, dtype=dtype),
+            transport=transport,
+        )
+    return SGLangSampler(
+        config,
+        broadcaster=broadcaster or WeightBroadcaster(),
+        to_hf=lambda state: hf_weights(state, model_cfg, dtype=dtype),
+        transport=transport,
+    )

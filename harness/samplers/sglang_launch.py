@@ -1,9 +1,17 @@
 """Launch and supervise an SGLang server process (``labrl serve sglang``).
 
 ``server_command`` adds the flags labrl needs unless the user already gave
-them: ``--enable-return-routed-experts`` (router replay needs the rows) and
+them: ``--enable-return-routed-experts`` (router replay needs the rows),
 ``--weight-version 0`` (labrl tags tokens with integer versions; SGLang's
-default is the string ``"default"``). ``Supervisor`` starts the process in
+default is the string ``"default"``) and, when determinism is asked for,
+``--enable-deterministic-inference`` (without it SGLang ignores
+``sampling_seed``).
+
+SGLang pins its own torch (and CUDA wheels), so it runs from its own
+interpreter: ``launcher_for(python)`` is ``PYTHON -m sglang.launch_server``
+and ``check_server_python`` asks that interpreter for its SGLang version
+first, so a wrong path fails with a clear message instead of a crash loop.
+The learner's environment never imports sglang. ``Supervisor`` starts the process in
 its own process group, waits for ``GET /health_generate`` to answer 200,
 restarts it when it dies (up to ``max_restarts``), and stops it (SIGTERM,
 then SIGKILL after a grace period) on exit.
@@ -19,10 +27,11 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
-from labrl.errors import SamplerError
+from labrl.errors import ConfigError, SamplerError
 
 DEFAULT_LAUNCHER = f"{shlex.quote(sys.executable)} -m sglang.launch_server"
 
@@ -31,15 +40,76 @@ def _has_flag(args: Sequence[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
 
 
+def launcher_for(python: str) -> str:
+    """The launcher of an SGLang installed in another environment: ``PYTHON -m sglang.launch_server``."""
+    return f"{shlex.quote(python)} -m sglang.launch_server"
+
+
+def check_server_python(python: str, timeout_s: float = 120.0) -> str:
+    """The SGLang version importable by ``python``; a clear error when there is none."""
+    try:
+        done = subprocess.run(
+            [python, "-c", "import sglang; print(sglang.__version__)"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+    except FileNotFoundError:
+        raise SamplerError(f"--python {python}: no such interpreter") from None
+    except subprocess.TimeoutExpired:
+        raise SamplerError(f"--python {python}: 'import sglang' took over {timeout_s:.0f} s") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["?"])[-1]
+        raise SamplerError(
+            f"--python {python} cannot import sglang ({last}): point it at the interpreter of the "
+            "environment SGLang is installed in (e.g. /opt/sglang/bin/python)"
+        )
+    return done.stdout.strip()
+
+
 def server_command(
-    model: str, host: str, port: int, extra: Sequence[str], launcher: str = DEFAULT_LAUNCHER
+    model: str,
+    host: str,
+    port: int,
+    extra: Sequence[str],
+    launcher: str = DEFAULT_LAUNCHER,
+    *,
+    deterministic: bool = False,
+    tp_size: int | None = None,
 ) -> list[str]:
     cmd = [*shlex.split(launcher), "--model-path", model, "--host", host, "--port", str(port)]
     if not _has_flag(extra, "--enable-return-routed-experts"):
         cmd.append("--enable-return-routed-experts")
     if not _has_flag(extra, "--weight-version"):
         cmd += ["--weight-version", "0"]
+    if deterministic and not _has_flag(extra, "--enable-deterministic-inference"):
+        cmd.append("--enable-deterministic-inference")
+    if tp_size is not None and not _has_flag(extra, "--tp-size"):
+        cmd += ["--tp-size", str(tp_size)]
     return cmd + list(extra)
+
+
+def launch_command(cfg: Any) -> list[str]:
+    """The server command of a ``sampler.sglang`` block (``SGLangSamplerConfig``): at ``urls[0]``."""
+    from urllib.parse import urlsplit
+
+    missing = [k for k in ("launch_python", "launch_model_path") if getattr(cfg, k) is None]
+    if missing:
+        raise ConfigError(f"sampler.sglang.{missing[0]} is not set: the launched server needs it")
+    url = urlsplit(cfg.urls[0])
+    if url.hostname is None or url.port is None:
+        raise ConfigError(
+            f"sampler.sglang.urls[0]={cfg.urls[0]!r} needs a host and a port to launch a server at"
+        )
+    return server_command(
+        cfg.launch_model_path,
+        url.hostname,
+        url.port,
+        list(cfg.launch_args),
+        launcher_for(cfg.launch_python),
+        deterministic=cfg.deterministic_inference,
+        tp_size=cfg.launch_tp_size,
+    )
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float, poll_s: float = 0.5) -> float:

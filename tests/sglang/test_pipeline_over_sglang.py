@@ -50,6 +50,7 @@ async def test_train_over_fake_sglang_server(parity_env, tmp_path, monkeypatch):
         cfg = build_run_config(run_config(run, [url], steps=STEPS))
         summary = await train(cfg)
     assert summary["step"] == STEPS and not summary["interrupted"]
+    assert server.weights.skipped == []  # every exported name loaded (SGLang would skip others silently)
     measured = check_run(
         run,
         recorder,

@@ -128,16 +128,14 @@ async def test_inflight_update_retract_0523_tags_tokens_by_span(served, tmp_path
     assert written == [("v000001", ["w"])]
     assert server.backend.updates[0][0] == 1
     assert res.info["resumes"] == 0 and res.info["exact_versions"]
-    # routing rows: each token routed under the version it was fed in with (KV kept across retract here)
+    # routing rows: the retracted request was prefilled again after the update (SGLang frees its KV
+    # cache), so every row of the prefix is re-routed under version 1, like the rows fed in after it
     prompt = [1, 2, 3]
-    fed = (
-        [(t, 0) for t in prompt]
-        + [(t, 0) for t in first[:-1]]
-        + [(first[-1], 1)]
-        + [(t, 1) for t in rest[:-1]]
-    )
-    rows = expected_rows(fed)
+    rows = expected_rows([(t, 1) for t in prompt + first + rest[:-1]])
     assert np.array_equal(res.routed_experts_T_L_K, np.concatenate([rows, PAD]))
+    # (the old rows differ: a client that kept them would replay a routing the final KV never used)
+    stale = expected_rows([(t, 0) for t in prompt + first[:-1]])
+    assert not np.array_equal(res.routed_experts_T_L_K[: len(stale)], stale)
 
 
 async def test_abort_mode_0515_resumes_from_prefix(served, tmp_path):
@@ -149,10 +147,10 @@ async def test_abort_mode_0515_resumes_from_prefix(served, tmp_path):
     _k, first, rest = _check_switch(res, 30)
     assert res.info["resumes"] == 1 and res.info["exact_versions"]
     assert server.log == ["pause:abort", "update_disk:1", "continue"]
-    # rows of the first run (version 0) up to the last token it fed in; the resumed run's rows after
+    # the resumed run prefilled prompt + first under version 1: the client keeps that run's rows for the
+    # whole sequence (the routing its KV cache was built with), not the first run's prefix rows
     prompt = [1, 2, 3]
-    fed = [(t, 0) for t in prompt + first[:-1]] + [(first[-1], 1)] + [(t, 1) for t in rest[:-1]]
-    rows = expected_rows(fed)
+    rows = expected_rows([(t, 1) for t in prompt + first + rest[:-1]])
     assert np.array_equal(res.routed_experts_T_L_K, np.concatenate([rows, PAD]))
 
 
@@ -279,3 +277,24 @@ async def test_bad_request_is_not_retried(served, tmp_path):
             await sampler._control(sampler.servers[0], "/pause_generation", {"mode": "sideways"})
         with pytest.raises(SamplerError, match=re.escape("weight version must increase: have 0, got 0")):
             await sampler.update_weights({}, 0)
+
+
+async def test_in_place_update_tags_tokens_from_the_first_one_after_the_update(served, tmp_path):
+    """in_place: KV kept, no flush; tokens generated before the pause carry 0, every later one 1."""
+    server = make_server(tick_delay_s=0.01)
+    at_update: list[int] = []
+    apply = server.backend.update_weights
+
+    async def recording(weights, version, *, force=False):
+        at_update.append(len(server.running[0].out))  # tokens that exist when the weights change
+        await apply(weights, version, force=force)
+
+    server.backend.update_weights = recording
+    url = served(server)
+    async with make_sampler([url], tmp_path, pause_mode="in_place") as sampler:
+        res = await _generate_with_update_midway(sampler, server)
+        assert sampler.version == 1
+    k, _first, _rest = _check_switch(res, 30)
+    assert at_update == [k]
+    assert server.log == ["pause:in_place", "update_disk:1", "continue"]
+    assert res.info["resumes"] == 0 and res.info["exact_versions"]

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from labrl.cli import main
-from labrl.harness.hf_export import TINY_MOE_QWEN3, export_hf_checkpoint
+from labrl.errors import ConfigError
+from labrl.harness.hf_export import TINY_MOE_QWEN3, export_hf_checkpoint, hf_weights
 from labrl.harness.models.build import build_gpt_model
 from labrl.harness.samplers.sglang import SGLangSampler, SGLangSamplerConfig
 from labrl.harness.samplers.sglang_dist import WeightBroadcaster
@@ -117,7 +118,8 @@ async def test_supervised_fake_server_end_to_end(tmp_path):
         dcfg = cfg.model_copy(
             update={"weight_transport": "distributed", "group_backend": "gloo", "master_port": _free_port()}
         )
-        async with SGLangSampler(dcfg, broadcaster=WeightBroadcaster()) as sampler:
+        to_hf = lambda w: hf_weights(w, SMALL)  # noqa: E731  (HF names: what SGLang's load_weights maps)
+        async with SGLangSampler(dcfg, broadcaster=WeightBroadcaster(), to_hf=to_hf) as sampler:
             assert sampler.version == 1
             await sampler.update_weights(state, 2)  # back to the v0 weights, as version 2
             (res3,) = await sampler.generate([req.model_copy(update={"rid": "e2e/2"})])
@@ -147,3 +149,87 @@ async def _sleep(seconds: float, runner: threading.Thread) -> None:
     if not runner.is_alive():
         raise AssertionError("supervisor thread ended early")
     await asyncio.sleep(seconds)
+
+
+def test_cli_python_tp_and_deterministic(capsys, tmp_path):
+    """--python runs SGLang from its own environment; --deterministic adds the flag sampling_seed needs."""
+    argv = ["serve", "sglang", "--python", "/opt/sg/bin/python", "--model", "/m", "--tp", "2"]
+    assert main([*argv, "--deterministic", "--dry-run"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out == (
+        "/opt/sg/bin/python -m sglang.launch_server --model-path /m --host 127.0.0.1 --port 30000 "
+        "--enable-return-routed-experts --weight-version 0 --enable-deterministic-inference --tp-size 2"
+    )
+
+
+def test_server_python_without_sglang_is_a_clear_error():
+    from labrl.errors import SamplerError
+    from labrl.harness.samplers.sglang_launch import check_server_python
+
+    # this test environment has no sglang (the learner's environment never installs it)
+    with pytest.raises(SamplerError, match=r"cannot import sglang .*ModuleNotFoundError"):
+        check_server_python(sys.executable)
+    with pytest.raises(SamplerError, match="no such interpreter"):
+        check_server_python("/nonexistent/python")
+
+
+def test_launch_fields_build_the_command(tmp_path, capsys):
+    """The sampler.sglang launch_* fields: `labrl serve sglang --run-config RUN.yaml` starts that server."""
+    import yaml
+
+    from labrl.harness.samplers.sglang import SGLangSamplerConfig
+    from labrl.harness.samplers.sglang_launch import launch_command
+
+    cfg = SGLangSamplerConfig(
+        urls=("http://10.0.0.5:31000",),
+        launch_python="/env/bin/python",
+        launch_model_path="/ckpt",
+        launch_tp_size=4,
+        export_dir="/x",
+        deterministic_inference=True,
+    )
+    cmd = launch_command(cfg)
+    assert cmd[:5] == ["/env/bin/python", "-m", "sglang.launch_server", "--model-path", "/ckpt"]
+    assert cmd[cmd.index("--host") + 1] == "10.0.0.5" and cmd[cmd.index("--port") + 1] == "31000"
+    assert "--enable-deterministic-inference" in cmd and cmd[cmd.index("--tp-size") + 1] == "4"
+    with pytest.raises(ConfigError, match=r"sampler\.sglang\.launch_python is not set"):
+        launch_command(cfg.model_copy(update={"launch_python": None}))
+    run = {
+        "env": {"id": "xrd/phase-id-v0"},
+        "sampler": {
+            "kind": "sglang",
+            "sglang": {
+                "urls": ["http://127.0.0.1:30001"],
+                "export_dir": str(tmp_path),
+                "launch_python": "/opt/sg/bin/python",
+                "launch_model_path": "/m",
+            },
+        },
+    }
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(run))
+    assert main(["serve", "sglang", "--run-config", str(tmp_path / "run.yaml"), "--dry-run"]) == 0
+    assert capsys.readouterr().out.strip() == (
+        "/opt/sg/bin/python -m sglang.launch_server --model-path /m --host 127.0.0.1 --port 30001 "
+        "--enable-return-routed-experts --weight-version 0 --tp-size 1"
+    )
+
+
+def test_sampler_config_errors_name_the_key():
+    from pydantic import ValidationError
+
+    from labrl.harness.samplers.sglang import SGLangSamplerConfig
+
+    with pytest.raises(ValidationError, match=r"sampler\.sglang\.urls is empty"):
+        SGLangSamplerConfig(export_dir="/x")
+    with pytest.raises(
+        ValidationError,
+        match=r"weight_transport 'disk' requires export_dir \(sampler\.sglang\.export_dir",
+    ):
+        SGLangSamplerConfig(urls=("http://h:1",))
+    with pytest.raises(ValidationError, match="bucket_mb"):
+        SGLangSamplerConfig(urls=("http://h:1",), weight_transport="distributed", bucket_mb=0)
+    with pytest.raises(ValidationError, match="extra_forbidden"):
+        SGLangSamplerConfig(urls=("http://h:1",), export_dir="/x", bucket_size=3)
+    # extra="forbid", frozen, and round-trips as a YAML-able dict
+    cfg = SGLangSamplerConfig(urls=("http://h:1",), weight_transport="distributed", bucket_mb=64)
+    assert SGLangSamplerConfig.model_validate(cfg.model_dump()) == cfg
