@@ -242,6 +242,7 @@ async def one_run(k: int, correction: str, args) -> dict:
             # The sampler goes back to its stale snapshot at the next update.
             await sampler.update_weights(learner.export_weights(), learner.version)
             evals.append({"update": v + 1, "accuracy": await accuracy(env_cls, sampler, tok, args.eval_size)})
+            print(f"  {correction} k={k} update {v + 1}: held-out {evals[-1]['accuracy']:.3f}", flush=True)
     await sampler.update_weights(learner.export_weights(), learner.version)
     acc = await accuracy(env_cls, sampler, tok, args.eval_size)
     evals.append({"update": learner.step, "accuracy": acc})
