@@ -79,7 +79,6 @@ from labrl.harness.types import SamplingParams
 
 RESULTS = Path(__file__).parent / "results"
 LETTERS = string.ascii_uppercase[:8]
-ADD_DIGITS = 5  # operands 0..4, sums 0..8
 # cell -> (objective, learner overrides); see the module docstring for the exact definitions.
 CORRECTIONS: dict[str, tuple[ObjectiveConfig, dict]] = {
     "none": (ObjectiveConfig(loss="cispo", corrections=[]), {}),
@@ -105,6 +104,10 @@ MODEL = MoEModelConfig(
 class CopyEnv(Env):
     """Reply with the letter shown. Reward 1 if exact, else 0."""
 
+    @classmethod
+    def chance(cls) -> float:
+        return 1 / len(LETTERS)
+
     def __init__(self) -> None:
         self.spec = EnvSpec(id="bench/copy-v0", has_gold_answer=True)
         self.task: Task | None = None
@@ -128,9 +131,13 @@ class CopyEnv(Env):
 
 
 class AddEnv(Env):
-    """The prompt is ``a+b`` (digits 0..4); reply with the digit a + b. Reward 1 if exact, else 0."""
+    """The prompt is ``a+b`` (operands 0..digits-1); reply with a + b in decimal. Reward 1 if exact, else 0."""
 
-    chance = 1 / (2 * ADD_DIGITS - 1)
+    digits = 5  # set from --add-digits; 5: operands 0..4, sums 0..8
+
+    @classmethod
+    def chance(cls) -> float:
+        return 1 / (2 * cls.digits - 1)
 
     def __init__(self) -> None:
         self.spec = EnvSpec(id="bench/add-v0", has_gold_answer=True)
@@ -138,7 +145,7 @@ class AddEnv(Env):
 
     def make_task(self, split, seed):
         rng = random.Random(f"add:{split}:{seed}")
-        a, b = rng.randrange(ADD_DIGITS), rng.randrange(ADD_DIGITS)
+        a, b = rng.randrange(self.digits), rng.randrange(self.digits)
         return Task(
             env_id=self.spec.id,
             split=split,
@@ -157,10 +164,9 @@ class AddEnv(Env):
         return StepResult(reward=float(action.text.strip() == self.task.answer), done=True)
 
     def random_action(self, task, rng):
-        return Action(text=str(rng.randrange(2 * ADD_DIGITS - 1)))
+        return Action(text=str(rng.randrange(2 * self.digits - 1)))
 
 
-CopyEnv.chance = 1 / len(LETTERS)
 TASKS = {"copy": CopyEnv, "add": AddEnv}
 
 
@@ -246,8 +252,9 @@ async def one_run(k: int, correction: str, args) -> dict:
     await sampler.update_weights(learner.export_weights(), learner.version)
     acc = await accuracy(env_cls, sampler, tok, args.eval_size)
     evals.append({"update": learner.step, "accuracy": acc})
-    collapsed = collapsed or acc < env_cls.chance + 0.05
-    row = {"task": args.task, "k": k, "correction": correction, "updates": args.updates, "seed": args.seed,
+    collapsed = collapsed or acc < env_cls.chance() + 0.05
+    row = {"task": args.task, "chance": env_cls.chance(), "lr": args.lr, "k": k, "correction": correction,
+           "updates": args.updates, "seed": args.seed,
            "objective": objective.model_dump(mode="json"), "learner": learner_overrides,
            "accuracy": acc, "collapsed": collapsed, "wall_s": time.perf_counter() - t0,
            "curve": curve, "evals": evals}  # fmt: skip
@@ -262,6 +269,7 @@ async def one_run(k: int, correction: str, args) -> dict:
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--task", choices=list(TASKS), default="copy")
+    ap.add_argument("--add-digits", type=int, default=5, help="add task: operands 0..N-1")
     ap.add_argument("--updates", type=int, default=4096)
     ap.add_argument("--ks", type=int, nargs="+", default=[0, 8, 64, 256])
     ap.add_argument("--corrections", nargs="+", default=list(CORRECTIONS), choices=list(CORRECTIONS))
@@ -282,6 +290,7 @@ async def main() -> None:
         render(rows, Path(args.out))
         return
     torch.set_num_threads(1)
+    AddEnv.digits = args.add_digits
     RESULTS.mkdir(parents=True, exist_ok=True)
     rows = []
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -315,7 +324,7 @@ def render(rows: list[dict], out: Path) -> None:
             pts = sorted((r["k"], r["accuracy"]) for r in task_rows if r["correction"] == c)
             ax.plot([max(p[0], 0.5) for p in pts], [p[1] for p in pts], "o-", label=c)
         ax.set_xscale("log")
-        ax.axhline(TASKS[task].chance, color="grey", ls=":", label="chance")
+        ax.axhline(task_rows[0].get("chance", 1 / len(LETTERS)), color="grey", ls=":", label="chance")
         ax.set_xlabel("forced staleness k (0 plotted at 0.5)")
         ax.set_ylabel(f"{task}: held-out accuracy after training")
         ax.legend(fontsize=8)
