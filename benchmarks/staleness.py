@@ -28,10 +28,14 @@ Tasks (``--task``):
 - ``copy`` (the recorded default): the prompt shows one of 8 letters; reward 1
   for replying with it; chance 1/8. Too easy to separate the corrections: every
   corrected cell ends at 1.000 at k = 256 (benchmarks/README.md).
-- ``add``: the prompt shows ``a+b`` with digits a, b in 0..4; reward 1 for
-  replying with the decimal digit a + b (0..8); chance 1/9. The model has to
-  combine two prompt positions instead of copying one, so on-policy training
-  needs more updates than copy (measured in benchmarks/README.md).
+- ``shift``: the prompt shows one of 8 letters; reward 1 for replying with the
+  next one (H wraps to A); chance 1/8.
+- ``add``: the prompt shows ``a+b`` with operands in 0..``--add-digits``-1
+  (default 5); reward 1 for replying with a + b in decimal; chance
+  1 / (2 * digits - 1). The model has to combine two prompt positions instead
+  of reading one. Measured so far (benchmarks/README.md): on-policy training
+  did not get past the modal answer within 2048 updates, so it is not yet
+  sized for the grid.
 
 Model: a 2-layer MoE (hidden 32, 4 experts, top-2) from scratch, 100 format-only
 warm-start steps (random answers), batch 8 groups x 4, AdamW lr 3e-4 (found by
@@ -130,6 +134,32 @@ class CopyEnv(Env):
         return Action(text=rng.choice(LETTERS))
 
 
+class ShiftEnv(CopyEnv):
+    """The prompt shows one of 8 letters; reply with the next one (H wraps to A). Chance 1/8.
+
+    The same one-position lookup as ``copy``, with a mapping other than the identity.
+    """
+
+    def __init__(self) -> None:
+        self.spec = EnvSpec(id="bench/shift-v0", has_gold_answer=True)
+        self.task: Task | None = None
+
+    def make_task(self, split, seed):
+        i = random.Random(f"shift:{split}:{seed}").randrange(len(LETTERS))
+        return Task(
+            env_id=self.spec.id,
+            split=split,
+            seed=seed,
+            task_id=f"shift-{split}-{seed}",
+            prompt={"text": LETTERS[i]},
+            answer=LETTERS[(i + 1) % len(LETTERS)],
+        )
+
+    async def reset(self, task):
+        self.task = task
+        return Observation(messages=(Message(role="user", content=task.prompt["text"]),))
+
+
 class AddEnv(Env):
     """The prompt is ``a+b`` (operands 0..digits-1); reply with a + b in decimal. Reward 1 if exact, else 0."""
 
@@ -167,7 +197,7 @@ class AddEnv(Env):
         return Action(text=str(rng.randrange(2 * self.digits - 1)))
 
 
-TASKS = {"copy": CopyEnv, "add": AddEnv}
+TASKS = {"copy": CopyEnv, "shift": ShiftEnv, "add": AddEnv}
 
 
 async def accuracy(env_cls, sampler, tok, n: int) -> float:
