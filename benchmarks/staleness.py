@@ -108,16 +108,18 @@ MODEL = MoEModelConfig(
 class CopyEnv(Env):
     """Reply with the letter shown. Reward 1 if exact, else 0."""
 
+    letters = LETTERS  # set from --letters
+
     @classmethod
     def chance(cls) -> float:
-        return 1 / len(LETTERS)
+        return 1 / len(cls.letters)
 
     def __init__(self) -> None:
         self.spec = EnvSpec(id="bench/copy-v0", has_gold_answer=True)
         self.task: Task | None = None
 
     def make_task(self, split, seed):
-        letter = random.Random(f"{split}:{seed}").choice(LETTERS)
+        letter = random.Random(f"{split}:{seed}").choice(self.letters)
         return Task(
             env_id=self.spec.id, split=split, seed=seed, task_id=f"copy-{split}-{seed}", answer=letter
         )
@@ -131,7 +133,7 @@ class CopyEnv(Env):
         return StepResult(reward=float(action.text.strip() == self.task.answer), done=True)
 
     def random_action(self, task, rng):
-        return Action(text=rng.choice(LETTERS))
+        return Action(text=rng.choice(self.letters))
 
 
 class ShiftEnv(CopyEnv):
@@ -145,14 +147,14 @@ class ShiftEnv(CopyEnv):
         self.task: Task | None = None
 
     def make_task(self, split, seed):
-        i = random.Random(f"shift:{split}:{seed}").randrange(len(LETTERS))
+        i = random.Random(f"shift:{split}:{seed}").randrange(len(self.letters))
         return Task(
             env_id=self.spec.id,
             split=split,
             seed=seed,
             task_id=f"shift-{split}-{seed}",
-            prompt={"text": LETTERS[i]},
-            answer=LETTERS[(i + 1) % len(LETTERS)],
+            prompt={"text": self.letters[i]},
+            answer=self.letters[(i + 1) % len(self.letters)],
         )
 
     async def reset(self, task):
@@ -283,7 +285,7 @@ async def one_run(k: int, correction: str, args) -> dict:
     acc = await accuracy(env_cls, sampler, tok, args.eval_size)
     evals.append({"update": learner.step, "accuracy": acc})
     collapsed = collapsed or acc < env_cls.chance() + 0.05
-    row = {"task": args.task, "chance": env_cls.chance(), "lr": args.lr, "k": k, "correction": correction,
+    row = {"task": args.task, "letters": args.letters, "add_digits": args.add_digits, "chance": env_cls.chance(), "lr": args.lr, "k": k, "correction": correction,
            "updates": args.updates, "seed": args.seed,
            "objective": objective.model_dump(mode="json"), "learner": learner_overrides,
            "accuracy": acc, "collapsed": collapsed, "wall_s": time.perf_counter() - t0,
@@ -299,6 +301,7 @@ async def one_run(k: int, correction: str, args) -> dict:
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--task", choices=list(TASKS), default="copy")
+    ap.add_argument("--letters", type=int, default=8, help="copy / shift tasks: alphabet size (<= 26)")
     ap.add_argument("--add-digits", type=int, default=5, help="add task: operands 0..N-1")
     ap.add_argument("--updates", type=int, default=4096)
     ap.add_argument("--ks", type=int, nargs="+", default=[0, 8, 64, 256])
@@ -321,6 +324,7 @@ async def main() -> None:
         return
     torch.set_num_threads(1)
     AddEnv.digits = args.add_digits
+    CopyEnv.letters = string.ascii_uppercase[: args.letters]
     RESULTS.mkdir(parents=True, exist_ok=True)
     rows = []
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
