@@ -121,11 +121,16 @@ def test_nan_log_probs_skip_the_step_and_stop_after_the_limit(h):
 def test_nan_proximal_log_probs_skip_the_batch_and_a_good_step_resets_the_count(h):
     learner = MegatronLearner(LearnerConfig(micro_batch_size=8, max_consecutive_skips=2))
     batch = h.sampled_batch(h.make_sampler(learner, "fp32"), n=4, max_new=8, seed=42)
-    real = learner.logprobs
-    learner.logprobs = lambda tokens, routed=None: real(tokens, routed) * float("nan")
+    real = learner._no_grad_logprobs
+
+    def nan_proximal(*args, **kwargs):
+        old, ref = real(*args, **kwargs)
+        return old * float("nan"), ref
+
+    learner._no_grad_logprobs = nan_proximal
     m = learner.train_step(batch)
     assert m["learner/skipped_steps"] == 1.0 and learner.version == 0
-    learner.logprobs = real
+    learner._no_grad_logprobs = real
     m = learner.train_step(batch)
     assert m["learner/skipped_steps"] == 0.0 and learner.version == 1 and learner.consecutive_skips == 0
 
