@@ -7,28 +7,56 @@ A plain synchronous reference loop (no orchestrator, so nothing else varies):
         generate B groups of G episodes, score them
         learner.train_step(batch)                                       # objective with the correction
 
-k in {0, 8, 64, 256} x corrections {none, tis, token_mask, m2po} (loss CISPO
-for all, so "none" is CISPO's policy-ratio clip only, which never sees the
-behaviour mismatch). After N updates: held-out accuracy (greedy, latest
-weights) and whether training collapsed (final accuracy below chance + 0.05,
-or a non-finite loss).
+Cells (``--corrections``), each naming its loss and correction exactly:
 
-Task, the smallest on which on-policy training learns reliably here: the
-``copy`` env below (the prompt shows one of 8 letters; reward 1 for replying
-with it; chance 1/8), a 2-layer MoE (hidden 32, 4 experts, top-2) from
-scratch, 100 format-only warm-start steps (random letters), batch 8 groups x 4,
-AdamW lr 3e-4. Found by trial: at lr 3e-3 on-policy training collapses to
-near-uniform output over all 264 tokens within 50 updates, at 1e-3 it
-oscillates and collapses by update 125, at 3e-4 and 5e-4 it reaches 0.94-1.0
-by update 800-1100 (0.06-0.08 s per update). k must be small against N, so
-the default is N = 4096 updates per run: the full grid took 78 min of one core
-(4.5-5.5 min per run) and runs in the background, not in the tests.
+    none           CISPO (eps 1.0 / 0.28), no behaviour correction: CISPO's ratio clip only, which
+                   never sees the behaviour mismatch (one step per batch: pi_theta = pi_prox there)
+    tis            CISPO + token TIS, weight min(pi_prox / mu, 2)
+    token_mask     CISPO + token mask [0.5, 5] (mask only)
+    icepop         CISPO + IcePop [0.5, 5]: mask outside the band, weight pi_prox / mu inside
+    m2po           CISPO + M2PO (tau 0.04)
+    opsm           CISPO + OPSM (delta 1e-4): drop A < 0 sequences with mean(logp_mu - logp) > delta
+    decoupled_ppo  PPO clip (0.2 / 0.28) against the proximal policy, learner.epochs 2 (two optimizer
+                   steps per batch, one version), + M2PO (tau 0.04) on behaviour-to-proximal
 
-    .venv/bin/python benchmarks/staleness.py --updates 4096          # ~80 min
-    .venv/bin/python benchmarks/staleness.py --updates 30 --ks 0 8   # smoke test
-    .venv/bin/python benchmarks/staleness.py --render a.json b.json  # merge runs split over processes
+After N updates: held-out accuracy (greedy, latest weights) and whether training
+collapsed (final accuracy below chance + 0.05, or a non-finite loss). Held-out
+accuracy is also measured every ``--eval-every`` updates for the accuracy-vs-step plot.
 
-Writes benchmarks/results/staleness.json (+ .png), rewriting it after every run.
+Tasks (``--task``), with what on-policy training (k = 0, ``none``) did on them
+(seed 0, held-out accuracy over 128 greedy episodes; benchmarks/README.md):
+
+- ``copy`` (the recorded default, ``--letters 8``): the prompt shows one of 8
+  letters; reward 1 for replying with it; chance 1/8. Too easy to separate the
+  corrections: every corrected cell ends at 1.000 at k = 256.
+- ``copy --letters 26``: the same over 26 letters, chance 1/26: on-policy needs
+  about 2,000 updates (0.27 at update 1024, 0.73 at 2048, 0.84 at 2560 and
+  3072); the current candidate for the harder grid.
+- ``shift``: reply with the letter after the one shown (wrapping); chance
+  1/letters. Not harder: 1.000 by update 1024 with 8 letters.
+- ``add``: the prompt shows ``a+b`` with operands in 0..``--add-digits``-1
+  (default 5); reward 1 for replying with a + b in decimal; chance
+  1 / (2 * digits - 1). Too hard for this model so far: greedy accuracy stayed
+  at the modal answer's share for 2048 updates (digits 5 at lr 3e-4 and 1e-3,
+  digits 3 at lr 5e-4, and digits 3 through 2560 updates of a longer run).
+
+Model: a 2-layer MoE (hidden 32, 4 experts, top-2) from scratch, 100 format-only
+warm-start steps (random answers), batch 8 groups x 4, AdamW lr 3e-4 (found by
+trial on copy: at lr 3e-3 on-policy training collapses to near-uniform output
+within 50 updates, at 1e-3 it oscillates and collapses by update 125, at 3e-4
+and 5e-4 it reaches 0.94-1.0 by update 800-1100, 0.06-0.08 s per update on a
+free core). k must be small against N, so the default is N = 4096 updates per
+run: the copy grid took 78 min of one core (4.5-5.5 min per run).
+
+One process per cell, merged afterwards (the full grid takes hours)::
+
+    .venv/bin/python benchmarks/staleness.py --updates 4096                       # copy grid, ~80 min
+    .venv/bin/python benchmarks/staleness.py --task copy --letters 26 --updates 3072 --ks 256 \
+        --corrections tis --out benchmarks/results/staleness_c26/k256_tis.json     # one cell
+    .venv/bin/python benchmarks/staleness.py --updates 30 --ks 0 8                # smoke test
+    .venv/bin/python benchmarks/staleness.py --render a.json b.json --out merged.json   # merge + plot
+
+Writes ``--out`` (default benchmarks/results/staleness.json, + .png), rewriting it after every run.
 """
 
 from __future__ import annotations
@@ -49,7 +77,7 @@ from labrl.harness.batching import collate
 from labrl.harness.config import SFTSection
 from labrl.harness.learners import LearnerConfig, MegatronLearner, OptimizerConfig
 from labrl.harness.models.config import MoEModelConfig
-from labrl.harness.objectives import ObjectiveConfig
+from labrl.harness.objectives import M2PO, OPSM, TIS, IcePop, ObjectiveConfig, TokenMask
 from labrl.harness.rollout import rollout, rollout_group
 from labrl.harness.samplers.local import LocalSampler, LocalSamplerConfig
 from labrl.harness.sft import run_sft
@@ -58,7 +86,22 @@ from labrl.harness.types import SamplingParams
 
 RESULTS = Path(__file__).parent / "results"
 LETTERS = string.ascii_uppercase[:8]
-CORRECTIONS = {"none": [], "tis": ["tis"], "token_mask": ["token_mask"], "m2po": ["m2po"]}
+# cell -> (objective, learner overrides); see the module docstring for the exact definitions.
+CORRECTIONS: dict[str, tuple[ObjectiveConfig, dict]] = {
+    "none": (ObjectiveConfig(loss="cispo", corrections=[]), {}),
+    "tis": (ObjectiveConfig(loss="cispo", corrections=[TIS(c=2.0)]), {}),
+    "token_mask": (ObjectiveConfig(loss="cispo", corrections=[TokenMask(low=0.5, high=5.0)]), {}),
+    "icepop": (ObjectiveConfig(loss="cispo", corrections=[IcePop(low=0.5, high=5.0)]), {}),
+    "m2po": (ObjectiveConfig(loss="cispo", corrections=[M2PO(tau=0.04)]), {}),
+    "opsm": (ObjectiveConfig(loss="cispo", corrections=[OPSM(delta=1e-4)]), {}),
+    "decoupled_ppo": (ObjectiveConfig(loss="ppo", corrections=[M2PO(tau=0.04)]), {"epochs": 2}),
+}
+# Fractions logged along the curve (absent keys are skipped).
+CURVE_KEYS = (
+    "corrections/kept_frac", "corrections/masked_frac", "opsm/masked_frac", "policy/clip_low_frac",
+    "policy/clip_high_frac", "policy/dual_clip_frac", "mismatch/abs_log_ratio_mean",
+    "policy/abs_log_ratio_mean", "staleness/mean",
+)  # fmt: skip
 MODEL = MoEModelConfig(
     name="staleness-moe", num_layers=2, hidden_size=32, num_attention_heads=2, ffn_hidden_size=64,
     num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=32, vocab_size=264, max_sequence_length=64,
@@ -68,12 +111,18 @@ MODEL = MoEModelConfig(
 class CopyEnv(Env):
     """Reply with the letter shown. Reward 1 if exact, else 0."""
 
+    letters = LETTERS  # set from --letters
+
+    @classmethod
+    def chance(cls) -> float:
+        return 1 / len(cls.letters)
+
     def __init__(self) -> None:
         self.spec = EnvSpec(id="bench/copy-v0", has_gold_answer=True)
         self.task: Task | None = None
 
     def make_task(self, split, seed):
-        letter = random.Random(f"{split}:{seed}").choice(LETTERS)
+        letter = random.Random(f"{split}:{seed}").choice(self.letters)
         return Task(
             env_id=self.spec.id, split=split, seed=seed, task_id=f"copy-{split}-{seed}", answer=letter
         )
@@ -87,14 +136,80 @@ class CopyEnv(Env):
         return StepResult(reward=float(action.text.strip() == self.task.answer), done=True)
 
     def random_action(self, task, rng):
-        return Action(text=rng.choice(LETTERS))
+        return Action(text=rng.choice(self.letters))
 
 
-async def accuracy(sampler, tok, n: int) -> float:
+class ShiftEnv(CopyEnv):
+    """The prompt shows one of 8 letters; reply with the next one (H wraps to A). Chance 1/8.
+
+    The same one-position lookup as ``copy``, with a mapping other than the identity.
+    """
+
+    def __init__(self) -> None:
+        self.spec = EnvSpec(id="bench/shift-v0", has_gold_answer=True)
+        self.task: Task | None = None
+
+    def make_task(self, split, seed):
+        i = random.Random(f"shift:{split}:{seed}").randrange(len(self.letters))
+        return Task(
+            env_id=self.spec.id,
+            split=split,
+            seed=seed,
+            task_id=f"shift-{split}-{seed}",
+            prompt={"text": self.letters[i]},
+            answer=self.letters[(i + 1) % len(self.letters)],
+        )
+
+    async def reset(self, task):
+        self.task = task
+        return Observation(messages=(Message(role="user", content=task.prompt["text"]),))
+
+
+class AddEnv(Env):
+    """The prompt is ``a+b`` (operands 0..digits-1); reply with a + b in decimal. Reward 1 if exact, else 0."""
+
+    digits = 5  # set from --add-digits; 5: operands 0..4, sums 0..8
+
+    @classmethod
+    def chance(cls) -> float:
+        return 1 / (2 * cls.digits - 1)
+
+    def __init__(self) -> None:
+        self.spec = EnvSpec(id="bench/add-v0", has_gold_answer=True)
+        self.task: Task | None = None
+
+    def make_task(self, split, seed):
+        rng = random.Random(f"add:{split}:{seed}")
+        a, b = rng.randrange(self.digits), rng.randrange(self.digits)
+        return Task(
+            env_id=self.spec.id,
+            split=split,
+            seed=seed,
+            task_id=f"add-{split}-{seed}",
+            answer=str(a + b),
+            prompt={"text": f"{a}+{b}"},
+        )
+
+    async def reset(self, task):
+        self.task = task
+        return Observation(messages=(Message(role="user", content=task.prompt["text"]),))
+
+    async def step(self, action):
+        assert self.task is not None
+        return StepResult(reward=float(action.text.strip() == self.task.answer), done=True)
+
+    def random_action(self, task, rng):
+        return Action(text=str(rng.randrange(2 * self.digits - 1)))
+
+
+TASKS = {"copy": CopyEnv, "shift": ShiftEnv, "add": AddEnv}
+
+
+async def accuracy(env_cls, sampler, tok, n: int) -> float:
     sampling = SamplingParams(max_new_tokens=2, temperature=0.0)
-    env = CopyEnv()
+    env = env_cls()
     trajs = await asyncio.gather(
-        *(rollout(CopyEnv(), env.make_task("test", i), sampler, tok, sampling) for i in range(n))
+        *(rollout(env_cls(), env.make_task("test", i), sampler, tok, sampling) for i in range(n))
     )
     return sum(t.reward == 1.0 for t in trajs) / n
 
@@ -102,18 +217,21 @@ async def accuracy(sampler, tok, n: int) -> float:
 async def one_run(k: int, correction: str, args) -> dict:
     torch.manual_seed(args.seed)
     tok = ByteTokenizer()
+    env_cls = TASKS[args.task]
+    objective, learner_overrides = CORRECTIONS[correction]
     learner = MegatronLearner(
         LearnerConfig(
             model=MODEL,
-            objective=ObjectiveConfig(loss="cispo", corrections=CORRECTIONS[correction]),
+            objective=objective,
             optimizer=OptimizerConfig(lr=args.lr),
             micro_batch_size=64,
             seed=args.seed,
+            **learner_overrides,
         )
     )
     await run_sft(
         learner.model,
-        CopyEnv,
+        env_cls,
         tok,
         SFTSection(enabled=True, steps=args.sft_steps, batch_size=16, lr=3e-3, num_prompts=64),
         seed=args.seed,
@@ -125,8 +243,10 @@ async def one_run(k: int, correction: str, args) -> dict:
     )
     snapshots: deque = deque([(0, learner.export_weights())], maxlen=k + 1)
     sampling = SamplingParams(max_new_tokens=2, temperature=1.0)
-    curve, collapsed, t0 = [], False, time.perf_counter()
-    task_env = CopyEnv()
+    curve, evals, collapsed, t0 = [], [], False, time.perf_counter()
+    task_env = env_cls()
+    log_every = max(1, args.updates // 32)
+    eval_every = args.eval_every or max(1, args.updates // 8)
     for v in range(args.updates):
         version, weights = snapshots[0]  # the oldest kept snapshot = version max(0, v - k)
         if sampler.version != version:
@@ -134,7 +254,7 @@ async def one_run(k: int, correction: str, args) -> dict:
         groups = await asyncio.gather(
             *(
                 rollout_group(
-                    CopyEnv,
+                    env_cls,
                     task_env.make_task("train", v * args.groups + g),
                     sampler,
                     tok,
@@ -149,21 +269,33 @@ async def one_run(k: int, correction: str, args) -> dict:
         trajs = [t for grp in groups for t in grp]
         try:
             m = await asyncio.to_thread(learner.train_step, collate(trajs, tok.pad_token_id))
-        except Exception as exc:  # a non-finite loss is a collapse, recorded as data
+        except Exception as exc:  # stopping on repeated non-finite steps is a collapse, recorded as data
             collapsed = True
             curve.append({"update": v, "error": str(exc)})
             break
         snapshots.append((learner.version, learner.export_weights()))
-        if v % max(1, args.updates // 16) == 0 or v == args.updates - 1:
-            curve.append({"update": v + 1, "reward": sum(t.reward for t in trajs) / len(trajs),
-                          "kept_frac": m.get("corrections/kept_frac"), "staleness": m.get("staleness/mean")})  # fmt: skip
+        if v % log_every == 0 or v == args.updates - 1:
+            point = {"update": v + 1, "reward": sum(t.reward for t in trajs) / len(trajs)}
+            point |= {key: m[key] for key in CURVE_KEYS if key in m}
+            point["kept_frac"] = m.get("corrections/kept_frac")  # the name older result files use
+            curve.append(point)
+        if (v + 1) % eval_every == 0 and v + 1 < args.updates:
+            # The sampler goes back to its stale snapshot at the next update.
+            await sampler.update_weights(learner.export_weights(), learner.version)
+            evals.append({"update": v + 1, "accuracy": await accuracy(env_cls, sampler, tok, args.eval_size)})
+            print(f"  {correction} k={k} update {v + 1}: held-out {evals[-1]['accuracy']:.3f}", flush=True)
     await sampler.update_weights(learner.export_weights(), learner.version)
-    acc = await accuracy(sampler, tok, args.eval_size)
-    collapsed = collapsed or acc < 1 / len(LETTERS) + 0.05
-    row = {"k": k, "correction": correction, "updates": args.updates, "accuracy": acc, "collapsed": collapsed,
-           "wall_s": time.perf_counter() - t0, "curve": curve}  # fmt: skip
+    acc = await accuracy(env_cls, sampler, tok, args.eval_size)
+    evals.append({"update": learner.step, "accuracy": acc})
+    collapsed = collapsed or acc < env_cls.chance() + 0.05
+    row = {"task": args.task, "letters": args.letters, "add_digits": args.add_digits, "chance": env_cls.chance(), "lr": args.lr, "k": k, "correction": correction,
+           "updates": args.updates, "seed": args.seed,
+           "objective": objective.model_dump(mode="json"), "learner": learner_overrides,
+           "accuracy": acc, "collapsed": collapsed, "wall_s": time.perf_counter() - t0,
+           "curve": curve, "evals": evals}  # fmt: skip
     print(
-        f"k={k:4d} {correction:10s} accuracy {acc:.3f} collapsed {collapsed} ({row['wall_s']:.0f} s)",
+        f"{args.task} k={k:4d} {correction:13s} accuracy {acc:.3f} collapsed {collapsed} "
+        f"({row['wall_s']:.0f} s)",
         flush=True,
     )
     return row
@@ -171,6 +303,9 @@ async def one_run(k: int, correction: str, args) -> dict:
 
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--task", choices=list(TASKS), default="copy")
+    ap.add_argument("--letters", type=int, default=8, help="copy / shift tasks: alphabet size (<= 26)")
+    ap.add_argument("--add-digits", type=int, default=5, help="add task: operands 0..N-1")
     ap.add_argument("--updates", type=int, default=4096)
     ap.add_argument("--ks", type=int, nargs="+", default=[0, 8, 64, 256])
     ap.add_argument("--corrections", nargs="+", default=list(CORRECTIONS), choices=list(CORRECTIONS))
@@ -179,6 +314,7 @@ async def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--sft-steps", type=int, default=100)
     ap.add_argument("--eval-size", type=int, default=256)
+    ap.add_argument("--eval-every", type=int, default=0, help="held-out eval period (0: updates / 8)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(RESULTS / "staleness.json"))
     ap.add_argument("--render", nargs="+", metavar="JSON", help="merge finished runs from these result files "
@@ -190,8 +326,11 @@ async def main() -> None:
         render(rows, Path(args.out))
         return
     torch.set_num_threads(1)
+    AddEnv.digits = args.add_digits
+    CopyEnv.letters = string.ascii_uppercase[: args.letters]
     RESULTS.mkdir(parents=True, exist_ok=True)
     rows = []
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     for k in args.ks:
         for c in args.corrections:
             rows.append(await one_run(k, c, args))
@@ -200,58 +339,103 @@ async def main() -> None:
 
 
 def render(rows: list[dict], out: Path) -> None:
-    """Print the k x correction table (accuracy, and its ratio to on-policy) and plot it next to ``out``."""
-    ks = sorted({r["k"] for r in rows})
-    corrections = [c for c in CORRECTIONS if any(r["correction"] == c for r in rows)]
-    cell = {(r["k"], r["correction"]): r for r in rows}
-    on_policy = [r["accuracy"] for r in rows if r["k"] == 0]
-    base = sum(on_policy) / len(on_policy) if on_policy else None
-    print("\n| k | " + " | ".join(corrections) + " |")
-    print("|---|" + "---|" * len(corrections))
-    for k in ks:
-        cells = []
-        for c in corrections:
-            r = cell.get((k, c))
-            if r is None:
-                cells.append("-")
-                continue
-            kept = [p["kept_frac"] for p in r["curve"] if p.get("kept_frac") is not None]
-            text = f"{r['accuracy']:.3f}"
-            if base:
-                text += f" ({r['accuracy'] / base:.0%})"
-            if c in ("token_mask", "m2po") and kept:
-                text += f", kept {sum(kept) / len(kept):.2f}"
-            learned = next((p["update"] for p in r["curve"] if p.get("reward", 0.0) >= 0.9), None)
-            text += f", >=0.9 @ {learned}" if learned is not None else ", never >=0.9"
-            cells.append(text + (" collapsed" if r["collapsed"] else ""))
-        print(f"| {k} | " + " | ".join(cells) + " |")
-    if base is not None:
-        print(f"on-policy (k=0) accuracy, mean over corrections: {base:.3f}; (x%) = ratio to it")
-    print("kept = mean fraction of tokens kept by the mask at the logged updates; >=0.9 @ = first logged")
-    print("update (every N/16) whose batch reward reached 0.9")
+    """Print the k x correction table per task (accuracy, ratio to on-policy) and plot it next to ``out``.
+
+    Figure: final accuracy vs k per correction; held-out accuracy vs update per cell at
+    the largest k (and on-policy); masked and clipped token fractions vs update at the largest k.
+    """
+    tasks = sorted({r.get("task", "copy") for r in rows})
+    for task in tasks:
+        _table(task, [r for r in rows if r.get("task", "copy") == task])
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax, ax_curve) = plt.subplots(1, 2, figsize=(11, 4))
-    for c in corrections:
-        pts = sorted((r["k"], r["accuracy"]) for r in rows if r["correction"] == c)
-        ax.plot([max(p[0], 0.5) for p in pts], [p[1] for p in pts], "o-", label=c)
-    ax.set_xscale("log")
-    ax.axhline(1 / len(LETTERS), color="grey", ls=":", label="chance")
-    ax.set_xlabel("forced staleness k (0 plotted at 0.5)")
-    ax.set_ylabel("held-out accuracy after training")
-    ax.legend()
-    for r in rows:
-        if r["k"] == max(ks) or (r["k"] == 0 and r["correction"] == "none"):
-            pts = [(p["update"], p["reward"]) for p in r["curve"] if "reward" in p]
-            ax_curve.plot(*zip(*pts, strict=True), label=f"k={r['k']} {r['correction']}")
-    ax_curve.set_xlabel("update")
-    ax_curve.set_ylabel("batch reward")
-    ax_curve.legend(fontsize=8)
+    fig, axes = plt.subplots(len(tasks), 3, figsize=(16, 4 * len(tasks)), squeeze=False)
+    for (ax, ax_curve, ax_frac), task in zip(axes, tasks, strict=True):
+        task_rows = [r for r in rows if r.get("task", "copy") == task]
+        ks = sorted({r["k"] for r in task_rows})
+        corrections = [c for c in CORRECTIONS if any(r["correction"] == c for r in task_rows)]
+        for c in corrections:
+            pts = sorted((r["k"], r["accuracy"]) for r in task_rows if r["correction"] == c)
+            ax.plot([max(p[0], 0.5) for p in pts], [p[1] for p in pts], "o-", label=c)
+        ax.set_xscale("log")
+        ax.axhline(task_rows[0].get("chance", 1 / len(LETTERS)), color="grey", ls=":", label="chance")
+        ax.set_xlabel("forced staleness k (0 plotted at 0.5)")
+        ax.set_ylabel(f"{task}: held-out accuracy after training")
+        ax.legend(fontsize=8)
+        for r in task_rows:
+            if r["k"] == max(ks) or r["k"] == 0:
+                evals = r.get("evals") or [
+                    {"update": p["update"], "accuracy": p["reward"]} for p in r["curve"] if "reward" in p
+                ]
+                style = "--" if r["k"] == 0 else "-"
+                ax_curve.plot(
+                    [e["update"] for e in evals],
+                    [e["accuracy"] for e in evals],
+                    style,
+                    label=f"k={r['k']} {r['correction']}",
+                )
+                if r["k"] != max(ks):
+                    continue
+                for key, ls in (("corrections/masked_frac", "-"), ("opsm/masked_frac", ":"),
+                                ("policy/clip_high_frac", "--"), ("policy/clip_low_frac", "-.")):  # fmt: skip
+                    pts = [(p["update"], p[key]) for p in r["curve"] if p.get(key) is not None]
+                    if pts and any(v > 0 for _, v in pts):
+                        ax_frac.plot(*zip(*pts, strict=True), ls, label=f"{r['correction']} {key}")
+        ax_curve.set_xlabel("update")
+        ax_curve.set_ylabel("held-out accuracy (batch reward for older runs)")
+        ax_curve.legend(fontsize=7)
+        ax_frac.set_xlabel("update")
+        ax_frac.set_ylabel(f"token fraction at k={max(ks)}")
+        if ax_frac.get_legend_handles_labels()[0]:
+            ax_frac.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(out.with_suffix(".png"), dpi=100)
+
+
+def _masked(point: dict) -> float | None:
+    """Masked token fraction of a curve point (older result files only logged the kept fraction)."""
+    if point.get("corrections/masked_frac") is not None:
+        return point["corrections/masked_frac"]
+    return None if point.get("kept_frac") is None else 1.0 - point["kept_frac"]
+
+
+def _table(task: str, rows: list[dict]) -> None:
+    ks = sorted({r["k"] for r in rows})
+    corrections = [c for c in CORRECTIONS if any(r["correction"] == c for r in rows)]
+    cell: dict[tuple[int, str], list[dict]] = {}
+    for r in rows:
+        cell.setdefault((r["k"], r["correction"]), []).append(r)
+    on_policy = [r["accuracy"] for r in rows if r["k"] == 0]
+    base = sum(on_policy) / len(on_policy) if on_policy else None
+    print(f"\ntask {task}\n| k | " + " | ".join(corrections) + " |")
+    print("|---|" + "---|" * len(corrections))
+    for k in ks:
+        cells = []
+        for c in corrections:
+            runs = cell.get((k, c))
+            if not runs:
+                cells.append("-")
+                continue
+            parts = []
+            for r in runs:
+                masked = [_masked(p) for p in r["curve"] if _masked(p) is not None]
+                text = f"{r['accuracy']:.3f}"
+                if base:
+                    text += f" ({r['accuracy'] / base:.0%})"
+                if masked and any(masked):
+                    text += f", masked {sum(masked) / len(masked):.2f}"
+                learned = next((p["update"] for p in r["curve"] if p.get("reward", 0.0) >= 0.9), None)
+                text += f", >=0.9 @ {learned}" if learned is not None else ", never >=0.9"
+                parts.append(text + (" collapsed" if r["collapsed"] else ""))
+            cells.append(" / ".join(parts))
+        print(f"| {k} | " + " | ".join(cells) + " |")
+    if base is not None:
+        print(f"on-policy (k=0) accuracy, mean over its runs: {base:.3f}; (x%) = ratio to it")
+    print("masked = mean fraction of tokens the batch-level masks removed at the logged updates;")
+    print(">=0.9 @ = first logged update whose batch reward reached 0.9; ' / ' separates seeds")
 
 
 if __name__ == "__main__":

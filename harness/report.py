@@ -5,8 +5,9 @@ Plots (written to ``RUN_DIR/report/``):
 - ``reward.png``: batch reward and held-out accuracy against wall-clock minutes;
 - ``staleness.png``: histogram of per-token staleness over the whole run;
 - ``is_ratio.png``: behaviour-ratio quantiles (q01..q99 as logged by the objective) per step;
-- ``masked.png``: masked fractions (corrections' dropped tokens, untrainable
-  episodes, zero-variance groups) per step;
+- ``masked.png``: masked fractions (corrections' dropped tokens, OPSM's, untrainable
+  episodes, zero-variance groups) and clipped fractions (policy clip low / high,
+  dual clip) per step;
 - ``env_latency.png``: env latency p50 / p90 / p99 per step;
 - ``throughput.png``: generated tokens/s and trained samples/s, with the
   learner's and the sampler's busy fractions.
@@ -132,6 +133,15 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Report:
     xs, kept = _series(rows, "corrections/kept_frac")
     if xs:
         ax.plot(xs, [1 - k for k in kept], label="tokens masked by corrections")
+    for key, label in (
+        ("opsm/masked_frac", "tokens masked by OPSM"),
+        ("policy/clip_low_frac", "tokens clipped low"),
+        ("policy/clip_high_frac", "tokens clipped high"),
+        ("policy/dual_clip_frac", "tokens dual-clipped"),
+    ):
+        xs, ys = _series(rows, key)
+        if xs and any(ys):
+            ax.plot(xs, ys, "--", label=label)
     ax.plot(*_series(rows, "episodes/masked_frac"), label="episodes untrainable (cumulative)")
     xs, zv = _series(rows, "groups/zero_variance_total")
     _, added = _series(rows, "groups/kept_total")
@@ -144,7 +154,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Report:
     ax.set_xlabel("step")
     ax.set_ylim(-0.02, 1.02)
     ax.legend(fontsize=8)
-    ax.set_title("masked fractions")
+    ax.set_title("masked and clipped fractions")
     save(fig, "masked.png")
 
     fig, ax = plt.subplots(figsize=(7, 4))

@@ -72,6 +72,24 @@ class LearnerConfig(BaseModel):
         description="sort rows by length and cut each micro-batch to its longest row "
         "(less padding on ragged batches; labrl.harness.batching.micro_batches)",
     )
+    minibatches: int = Field(
+        default=1,
+        ge=1,
+        description="optimizer steps per pass over a batch: its rows are split into this many parts "
+        "(1 = one step on the whole batch, the default)",
+    )
+    epochs: int = Field(
+        default=1,
+        ge=1,
+        description="passes over each batch; epochs * minibatches optimizer steps per batch, "
+        "all publishing one policy version (1 = the default)",
+    )
+    max_consecutive_skips: int = Field(
+        default=5,
+        ge=1,
+        description="optimizer steps skipped in a row on non-finite log-probs, loss or grad norm "
+        "before train_step raises LearnerError",
+    )
     router_replay: bool = Field(
         default=True, description="replay the sampler's routed experts when the batch has them"
     )

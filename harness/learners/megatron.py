@@ -2,12 +2,31 @@
 
 One ``train_step(batch)``::
 
-    old_B_T   = logprobs(model, batch)            # no grad, global batch, routing replayed
+    old_B_T   = logprobs(model, batch)            # proximal policy: no grad, once, before any update
     prepared  = objectives.prepare(cfg, inputs)   # advantages, IS weights/masks, denominator
-    for rows in micro-batches:
-        loss, m = objectives.policy_loss(cfg, logprobs(model, batch[rows]), prepared[rows])
-        loss.backward()                           # already divided by the global denominator
-    clip global grad norm; AdamW step; LR schedule; version += 1
+    for epoch in range(epochs):                   # learner.epochs (default 1)
+        for mb in split(rows, minibatches):       # learner.minibatches (default 1: the whole batch)
+            for rows in micro-batches of mb:
+                loss, m = objectives.policy_loss(cfg, logprobs(model, batch[rows]), prepared_mb[rows])
+                loss.backward()                   # already divided by the mini-batch denominator
+            clip global grad norm; AdamW step     # skipped if a loss or the grad norm is non-finite
+    LR schedule step; version += 1                # once per batch: one new policy version
+
+A batch's optimizer steps publish ONE new policy version (the orchestrator
+pushes weights once per ``train_step``), so ``max_staleness`` and admission
+count batches, not optimizer steps, and the LR schedule advances once per
+batch. The proximal log-probs come from the weights of version ``v`` (the
+batch start); steps after the first see ``pi_theta != pi_prox``, which is
+what makes the objective's clip act (decoupled PPO, see
+``labrl.harness.objectives._objective``). With several mini-batches the rows
+are shuffled per epoch (seeded by the learner seed, batch and epoch).
+
+Non-finite values: if the proximal log-probs are non-finite on a loss-mask
+token the whole batch is skipped; if a step's loss or gradient norm is
+non-finite that optimizer step is skipped (gradients dropped, weights and
+optimizer state untouched). Skips are counted in ``learner/skipped_steps``
+and logged; ``learner.max_consecutive_skips`` skips in a row raise
+``LearnerError``. A batch whose steps were all skipped publishes no version.
 
 Log-probs are token-aligned like the batch: ``logp[b, t] = log softmax(z[b, t-1] /
 temperature)[tokens[b, t]]`` (0 at t = 0), so they compare one-to-one with
@@ -94,8 +113,12 @@ class MegatronLearner:
             self.spec.name,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
-        self.step = 0
+        self.step = 0  # batches trained (train_step calls that took at least one optimizer step)
         self._version = 0
+        self.optimizer_steps = 0
+        self.consecutive_skips = 0
+        # Versions of the last trained batch: proximal = learner at batch start, behaviour = the sampler's.
+        self.policy_versions: dict[str, int] = {}
         self.num_parameters = count_parameters(self.model)
         # Built now (init uses a forked RNG, so nothing else shifts); filled at the first train_step.
         self.reference_model = None
@@ -160,36 +183,53 @@ class MegatronLearner:
             old_B_T, ref_B_T = self._no_grad_logprobs(batch.tokens_B_T, replay, plan, with_reference=True)
         else:
             old_B_T, _ = self._no_grad_logprobs(batch.tokens_B_T, replay, plan, with_reference=False)
+        proximal_version = self._version
+        bad = int((batch.loss_mask_B_T & ~torch.isfinite(old_B_T)).sum())
+        if bad:
+            self._record_skip(f"{bad} non-finite proximal log-probs on loss-mask tokens: batch skipped")
+            return self._skip_metrics(started, skipped=1)
         inputs = objectives.ObjectiveInputs.from_train_batch(batch, old_B_T, self._version, ref_B_T)
         prepared = objectives.prepare(cfg.objective, inputs)
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.master is not None:
-            self.master.zero_grad()
-        micro_metrics = []
-        T_full = batch.tokens_B_T.shape[1]
-        for rows, T in plan:
-            routed = None if replay is None else replay[rows, :T]
-            logp = self._logprobs_with_grad(batch.tokens_B_T[rows, :T], routed)
-            logp = torch.nn.functional.pad(logp, (0, T_full - T))  # cut columns are padding: log-prob 0
-            loss, metrics = objectives.policy_loss(cfg.objective, logp, prepared.select(rows))
-            if not torch.isfinite(loss):
-                raise LearnerError(f"non-finite loss {float(loss)} at step {self.step}")
-            loss.backward()
-            if self.master is not None:
-                self.master.accumulate_grads()
-            micro_metrics.append(metrics)
-        grad_norm = self._clip_gradients()
+        step_metrics: list[dict[str, float]] = []
+        skipped = 0
+        for rows in self._minibatch_rows(batch.batch_size):
+            if rows is None:  # the whole batch: the plan already made for it
+                metrics = self._optimizer_step(batch, replay, prepared, plan)
+            else:
+                rows = rows.to(self.device)
+                order, spans = micro_batches(
+                    batch.attention_mask_B_T[rows].cpu(),
+                    cfg.micro_batch_size,
+                    sort_by_length=cfg.length_sorted_micro_batches,
+                )
+                pos = torch.tensor(order, dtype=torch.long, device=self.device)
+                sub_plan = [(pos[start:stop], T) for start, stop, T in spans]
+                metrics = self._optimizer_step(
+                    batch, replay, objectives.minibatch(cfg.objective, prepared, rows), sub_plan, rows
+                )
+            if metrics is None:
+                skipped += 1
+                continue
+            step_metrics.append(metrics)
+        if not step_metrics:
+            return self._skip_metrics(started, skipped=skipped)
         lr = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        if self.master is not None:
-            self.master.copy_to_model()
         self.scheduler.step()
         self.step += 1
         self._version += 1
+        valid_versions = batch.versions_B_T[prepared.valid_B_T]
+        self.policy_versions = {"proximal": proximal_version, "published": self._version}
+        if valid_versions.numel():
+            self.policy_versions |= {
+                "behaviour_min": int(valid_versions.min()),
+                "behaviour_max": int(valid_versions.max()),
+            }
         elapsed = time.perf_counter() - started
-        out = objectives.combine_metrics(prepared, micro_metrics)
+        out = dict(prepared.metrics)
+        # Per-step metrics (losses, clip fractions, grad norm) are averaged over the batch's optimizer steps.
+        for key in step_metrics[0]:
+            out[key] = sum(m[key] for m in step_metrics) / len(step_metrics)
         out |= {
-            "learner/grad_norm": grad_norm,
             "learner/lr": lr,
             "learner/step_s": elapsed,
             "learner/tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
@@ -197,8 +237,105 @@ class MegatronLearner:
             "learner/router_replay": float(replay is not None),
             "learner/reference": float(ref_B_T is not None),
             "learner/version": float(self._version),
+            "learner/proximal_version": float(proximal_version),
+            "learner/optimizer_steps": float(len(step_metrics)),
+            "learner/skipped_steps": float(skipped),
+            "learner/consecutive_skips": float(self.consecutive_skips),
         }
         return out
+
+    def _minibatch_rows(self, batch_size: int) -> list[torch.Tensor | None]:
+        """Row indices of every optimizer step of the batch (None = the whole batch, in order).
+
+        ``epochs`` passes over ``minibatches`` near-equal parts; with several
+        parts the rows are shuffled per epoch, seeded by (seed, step, epoch) so a
+        resumed run draws the same split.
+        """
+        cfg = self.config
+        if cfg.minibatches == 1:
+            return [None] * cfg.epochs
+        if batch_size < cfg.minibatches:
+            raise ConfigError(
+                f"learner.minibatches={cfg.minibatches} needs at least that many sequences per batch "
+                f"(got {batch_size}): lower learner.minibatches or raise the batch size"
+            )
+        out: list[torch.Tensor | None] = []
+        for epoch in range(cfg.epochs):
+            gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step * 1_009 + epoch)
+            perm = torch.randperm(batch_size, generator=gen)
+            out.extend(part.sort().values for part in torch.tensor_split(perm, cfg.minibatches))
+        return out
+
+    def _optimizer_step(
+        self,
+        batch: TrainBatch,
+        replay: torch.Tensor | None,
+        prepared: objectives.PreparedBatch,
+        plan: list[tuple[torch.Tensor, int]],
+        rows: torch.Tensor | None = None,
+    ) -> dict[str, float] | None:
+        """Forward/backward over ``plan`` (micro-batches of positions in ``prepared``) and one AdamW
+        step; None if skipped. ``rows`` maps those positions to batch rows (None: the same)."""
+        cfg = self.config
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.master is not None:
+            self.master.zero_grad()
+        micro_metrics = []
+        T_full = batch.tokens_B_T.shape[1]
+        for pos, T in plan:
+            batch_rows = pos if rows is None else rows[pos]
+            routed = None if replay is None else replay[batch_rows, :T]
+            logp = self._logprobs_with_grad(batch.tokens_B_T[batch_rows, :T], routed)
+            logp = torch.nn.functional.pad(logp, (0, T_full - T))  # cut columns are padding: log-prob 0
+            loss, metrics = objectives.policy_loss(cfg.objective, logp, prepared.select(pos))
+            if not torch.isfinite(loss):
+                self._drop_gradients()
+                self._record_skip(f"non-finite loss {float(loss)} at step {self.step}")
+                return None
+            loss.backward()
+            if self.master is not None:
+                self.master.accumulate_grads()
+            micro_metrics.append(metrics)
+        grad_norm = self._clip_gradients()
+        if not math.isfinite(grad_norm):
+            self._drop_gradients()
+            self._record_skip(f"non-finite gradient norm at step {self.step}")
+            return None
+        self.optimizer.step()
+        if self.master is not None:
+            self.master.copy_to_model()
+        self.optimizer_steps += 1
+        self.consecutive_skips = 0
+        summed = objectives.combine_metrics(prepared, micro_metrics)
+        out = {k: v for k, v in summed.items() if k not in prepared.metrics}
+        out["learner/grad_norm"] = grad_norm
+        return out
+
+    def _drop_gradients(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.master is not None:
+            self.master.zero_grad()
+
+    def _record_skip(self, reason: str) -> None:
+        """Count a skipped step; raise once ``max_consecutive_skips`` steps in a row were skipped."""
+        self.consecutive_skips += 1
+        limit = self.config.max_consecutive_skips
+        log.warning("learner step skipped (%d in a row, limit %d): %s", self.consecutive_skips, limit, reason)
+        if self.consecutive_skips >= limit:
+            raise LearnerError(
+                f"{self.consecutive_skips} consecutive learner steps skipped on non-finite values "
+                f"(learner.max_consecutive_skips={limit}); last: {reason}"
+            )
+
+    def _skip_metrics(self, started: float, skipped: int) -> dict[str, float]:
+        """Metrics of a batch that took no optimizer step (weights and version unchanged)."""
+        return {
+            "learner/step_s": time.perf_counter() - started,
+            "learner/version": float(self._version),
+            "learner/optimizer_steps": 0.0,
+            "learner/skipped_steps": float(skipped),
+            "learner/consecutive_skips": float(self.consecutive_skips),
+        }
 
     def save_checkpoint(self, path: str) -> None:
         """Model, optimizer, LR schedule, step, version and the CPU RNG state, written atomically."""
@@ -210,6 +347,9 @@ class MegatronLearner:
             "scheduler": self.scheduler.state_dict(),
             "step": self.step,
             "version": self._version,
+            "optimizer_steps": self.optimizer_steps,
+            "consecutive_skips": self.consecutive_skips,
+            "policy_versions": dict(self.policy_versions),
             "config": self.config.model_dump(mode="json"),
             "rng": torch.get_rng_state(),
         }
@@ -247,6 +387,10 @@ class MegatronLearner:
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
         self._version = int(state["version"])
+        # Absent from checkpoints written before mini-batching: one optimizer step per batch then.
+        self.optimizer_steps = int(state.get("optimizer_steps", self.step))
+        self.consecutive_skips = int(state.get("consecutive_skips", 0))
+        self.policy_versions = dict(state.get("policy_versions", {}))
         torch.set_rng_state(state["rng"].cpu())
 
     def _load_reference(self, path: str, state: dict) -> None:
@@ -424,7 +568,7 @@ class MegatronLearner:
             )
         norm = float((dense + expert).sqrt())
         if not math.isfinite(norm):
-            raise LearnerError(f"non-finite gradient norm at step {self.step}")
+            return norm  # the caller skips this step
         clip = self.config.optimizer.grad_clip
         if clip is not None and norm > clip:
             torch._foreach_mul_([p.grad for p in grads], clip / (norm + 1e-6))

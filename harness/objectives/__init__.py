@@ -3,8 +3,8 @@
 One typed config (``ObjectiveConfig``) composes an advantage estimator, a
 policy loss, behaviour-policy corrections and an aggregation mode. The learner
 calls ``prepare`` once per global batch (no grad) and ``policy_loss`` per
-micro-batch; see ``_objective`` for the flow and docs/objectives.md for the
-formulas. Each building block is also exported as a plain function so it can
+micro-batch; see ``_objective`` for the flow (and the decoupled-PPO semantics) and
+docs/objectives.md for the formulas. Each building block is also exported as a plain function so it can
 be tested and reused on its own.
 """
 
@@ -18,11 +18,13 @@ from ._advantages import (
     whiten_advantages,
 )
 from ._aggregation import aggregate, global_denominator
-from ._config import M2PO, TIS, Correction, GeoMask, ObjectiveConfig, TokenMask, Veto
+from ._config import M2PO, OPSM, TIS, Correction, GeoMask, IcePop, ObjectiveConfig, TokenMask, Veto
 from ._corrections import (
     M2POResult,
     geo_mask,
+    icepop_weights,
     m2po_mask,
+    opsm_mask,
     tis_sequence_weights,
     tis_token_weights,
     token_mask,
@@ -30,15 +32,25 @@ from ._corrections import (
 )
 from ._diagnostics import effective_sample_size, mismatch_kl, quantiles, ratio_stats, staleness_stats
 from ._kl import kl_estimate
-from ._losses import TokenLoss, cispo_loss, gspo_loss, ppo_loss, reinforce_loss, sequence_log_ratio
-from ._objective import ObjectiveInputs, PreparedBatch, combine_metrics, policy_loss, prepare
+from ._losses import (
+    TokenLoss,
+    cispo_loss,
+    gspo_loss,
+    ppo_loss,
+    reinforce_loss,
+    sapo_loss,
+    sequence_log_ratio,
+)
+from ._objective import ObjectiveInputs, PreparedBatch, combine_metrics, minibatch, policy_loss, prepare
 
 __all__ = [
     "M2PO",
+    "OPSM",
     "TIS",
     "Correction",
     "GeoMask",
     "GroupStats",
+    "IcePop",
     "M2POResult",
     "ObjectiveConfig",
     "ObjectiveInputs",
@@ -57,9 +69,12 @@ __all__ = [
     "group_stats",
     "grpo_advantages",
     "gspo_loss",
+    "icepop_weights",
     "kl_estimate",
     "m2po_mask",
+    "minibatch",
     "mismatch_kl",
+    "opsm_mask",
     "policy_loss",
     "ppo_loss",
     "prepare",
@@ -67,6 +82,7 @@ __all__ = [
     "ratio_stats",
     "reinforce_loss",
     "rloo_advantages",
+    "sapo_loss",
     "sequence_log_ratio",
     "staleness_stats",
     "tis_sequence_weights",

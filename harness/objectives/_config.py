@@ -7,8 +7,16 @@ Defaults come from what peers ship (``shared/reference/off-policy.md``):
   clip-higher ``0.2 / 0.28``; ``gspo`` to ``3e-4 / 4e-4``.
 - ``corrections=[tis(c=2)]``: token-level TIS with cap 2 (slime, verl, SkyRL,
   open-instruct). Sequence-level TIS defaults to cap 5.
-- token mask ``[0.5, 5]`` (IcePop / INTELLECT-3), geometric sequence mask
-  ``[0.99, 1.01]`` (SkyRL), veto floor ``1e-4`` (slime), M2PO ``tau=0.04``.
+- token mask ``[0.5, 5]`` (INTELLECT-3), IcePop ``[0.5, 5]`` (the IcePop
+  paper's alpha / beta; masks like the token mask AND weights the kept tokens
+  by the ratio), geometric sequence mask ``[0.99, 1.01]`` (SkyRL), veto floor
+  ``1e-4`` (slime), M2PO ``tau=0.04``, OPSM ``delta=1e-4``.
+- ``dual_clip_c=None`` (off; 3 is the usual value), SAPO ``tau_pos=1.0,
+  tau_neg=1.05`` (arXiv 2511.20347), ``k3_clamped`` clamps the k3 reference KL
+  to ``[-10, 10]`` like verl's ``low_var_kl``.
+
+Every new option defaults to off, so a config that names none of them trains
+exactly as before.
 
 Built from Python (``ObjectiveConfig(loss="ppo", corrections=[TIS(c=2), M2PO()])``)
 or from a plain dict / YAML (``{"loss": "cispo", "corrections": [{"kind": "tis",
@@ -28,10 +36,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from labrl.errors import ConfigError
 
-LossKind = Literal["reinforce", "ppo", "cispo", "gspo"]
+LossKind = Literal["reinforce", "ppo", "cispo", "gspo", "sapo"]
 AdvantageKind = Literal["grpo", "dr_grpo", "rloo", "whiten"]
 AggregationKind = Literal["token_mean", "seq_mean_token_mean", "seq_sum_constant"]
-KLEstimator = Literal["k1", "k2", "k3"]
+KLEstimator = Literal["k1", "k2", "k3", "k3_clamped"]
 
 # (eps_low, eps_high) per loss; reinforce has no clip.
 DEFAULT_CLIP: dict[str, tuple[float, float]] = {
@@ -85,7 +93,7 @@ class TIS(_Correction):
 
 
 class TokenMask(_Correction):
-    """IcePop-style token mask: drop tokens with ``w_t`` outside ``[low, high]``."""
+    """Token mask ("MIS"): drop tokens with ``w_t`` outside ``[low, high]``; kept tokens keep weight 1."""
 
     kind: Literal["token_mask"] = "token_mask"
     low: float = Field(default=0.5, gt=0.0)
@@ -95,6 +103,34 @@ class TokenMask(_Correction):
     def _band(self) -> TokenMask:
         _check_band("token_mask", self.low, self.high)
         return self
+
+
+class IcePop(_Correction):
+    """IcePop (Ring-1T): ``weight_t = w_t`` if ``low <= w_t <= high`` else 0 (stop-gradient).
+
+    Unlike ``TokenMask`` the kept tokens are importance-weighted by the
+    train/inference ratio, without truncation. ``low = 1 / beta, high = beta``
+    gives the symmetric band ``[1/beta, beta]``; the defaults are the paper's
+    ``alpha = 0.5, beta = 5``.
+    """
+
+    kind: Literal["icepop"] = "icepop"
+    low: float = Field(default=0.5, gt=0.0)
+    high: float = Field(default=5.0, gt=0.0)
+
+    @model_validator(mode="after")
+    def _band(self) -> IcePop:
+        _check_band("icepop", self.low, self.high)
+        return self
+
+
+class OPSM(_Correction):
+    """Off-policy sequence masking (DeepSeek-V3.2): drop sequence ``i`` when ``A_i < 0`` and
+    ``mean_{t in i} (logp_mu_t - logp_t) > delta``, ``logp`` the CURRENT policy (recomputed at every
+    optimizer step of the batch, not fixed at batch start)."""
+
+    kind: Literal["opsm"] = "opsm"
+    delta: float = Field(default=1e-4, ge=0.0, description="per-token KL(mu || pi) threshold")
 
 
 class GeoMask(_Correction):
@@ -125,7 +161,7 @@ class M2PO(_Correction):
     tau: float = Field(default=0.04, gt=0.0)
 
 
-Correction = Annotated[TIS | TokenMask | GeoMask | Veto | M2PO, Field(discriminator="kind")]
+Correction = Annotated[TIS | TokenMask | IcePop | GeoMask | Veto | M2PO | OPSM, Field(discriminator="kind")]
 
 
 class ObjectiveConfig(BaseModel):
@@ -149,6 +185,14 @@ class ObjectiveConfig(BaseModel):
     )
     kl_coef: float = Field(default=0.0, ge=0.0, description="reference-KL coefficient; 0 turns the term off")
     kl_estimator: KLEstimator = "k3"
+    kl_clamp: float = Field(
+        default=10.0, gt=0.0, description="k3_clamped: the per-token k3 is clamped to [-kl_clamp, kl_clamp]"
+    )
+    dual_clip_c: float | None = Field(
+        default=None, gt=1.0, description="dual-clip PPO: loss of a negative-advantage token <= c * |A|"
+    )
+    sapo_tau_pos: float = Field(default=1.0, gt=0.0, description="SAPO gate temperature for A > 0")
+    sapo_tau_neg: float = Field(default=1.05, gt=0.0, description="SAPO gate temperature for A < 0")
     log_ratio_clamp: float = Field(default=20.0, gt=0.0, le=80.0, description="|log ratio| cap before exp")
 
     @field_validator("corrections", mode="before")
@@ -176,10 +220,21 @@ class ObjectiveConfig(BaseModel):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ObjectiveConfig:
-        if self.loss == "reinforce" and (self.eps_low is not None or self.eps_high is not None):
+        if self.loss in ("reinforce", "sapo") and (self.eps_low is not None or self.eps_high is not None):
             raise ValueError(
-                "eps_low / eps_high have no effect with loss=reinforce: remove them or use ppo/cispo"
+                f"eps_low / eps_high have no effect with loss={self.loss}: remove them or use ppo/cispo"
             )
+        if self.dual_clip_c is not None:
+            if self.loss not in ("ppo", "gspo"):
+                raise ValueError(
+                    f"dual_clip_c only applies to loss=ppo or gspo (got loss={self.loss}): remove it"
+                )
+            assert self.eps_high is not None  # filled by _default_clip for ppo / gspo
+            if self.dual_clip_c <= 1.0 + self.eps_high:
+                raise ValueError(
+                    f"dual_clip_c={self.dual_clip_c} must exceed 1 + eps_high={1.0 + self.eps_high}, "
+                    "or it would cut the clip region itself"
+                )
         if self.aggregation == "seq_sum_constant" and self.aggregation_constant is None:
             raise ValueError(
                 "aggregation=seq_sum_constant requires aggregation_constant: set it to the max generation length"
@@ -196,7 +251,7 @@ class ObjectiveConfig(BaseModel):
 
     @property
     def clip_range(self) -> tuple[float, float]:
-        """``(1 - eps_low, 1 + eps_high)``; ``(0, inf)`` for reinforce (never clips)."""
+        """``(1 - eps_low, 1 + eps_high)``; ``(0, inf)`` for reinforce and sapo (no hard clip)."""
         if self.eps_low is None or self.eps_high is None:
             return 0.0, math.inf
         return 1.0 - self.eps_low, 1.0 + self.eps_high

@@ -8,11 +8,15 @@ ratios never overflow.
 
     TIS token     weight_t = min(w_t, C)                                   (stop-grad)
     TIS sequence  weight_i = min(exp(sum_t l_t), C)                        on every token of i
-    token mask    keep_t   = low <= w_t <= high                            (IcePop)
+    token mask    keep_t   = low <= w_t <= high                            ("MIS": mask only)
+    IcePop        weight_t = w_t * [low <= w_t <= high]                   (mask AND weight; stop-grad)
     geo mask      keep_i   = low <= exp(mean_t l_t) <= high                (whole sequence)
     veto          keep_i   = not any_t (w_t < floor)                       (whole sequence)
     M2PO          among the active tokens, (A > 0, w > 1) or (A < 0, w < 1), drop those with
                   the largest l_t^2 until their second moment mean_{kept active} l_t^2 <= tau
+    OPSM          keep_i   = not (A_i < 0 and mean_t (logp_mu_t - logp_t) > delta)   (DeepSeek-V3.2)
+                  with ``logp`` the CURRENT policy: unlike the others it is evaluated at every
+                  optimizer step (``opsm_mask``, called from ``policy_loss``), not once per batch
 
 A masked token contributes nothing to the numerator but stays in the loss
 denominator (masking acts as an importance weight of 0), so the step size does
@@ -51,6 +55,39 @@ def tis_sequence_weights(
 def token_mask(log_w_B_T: torch.Tensor, valid_B_T: torch.Tensor, low: float, high: float) -> torch.Tensor:
     """``keep_t = valid_t and low <= w_t <= high``."""
     return valid_B_T & (log_w_B_T >= math.log(low)) & (log_w_B_T <= math.log(high))
+
+
+def icepop_weights(
+    log_w_B_T: torch.Tensor, valid_B_T: torch.Tensor, low: float, high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """IcePop ``weight_t = w_t`` inside ``[low, high]``, else 0; returns (weight_B_T, keep_B_T).
+
+    ``weight`` is 1 off the valid tokens (they are dropped by ``valid`` anyway);
+    ``keep`` is the band test alone (the token mask), so masked tokens also show
+    up in the keep mask and the masked-fraction diagnostics.
+    """
+    keep = token_mask(log_w_B_T, valid_B_T, low, high)
+    weight = torch.where(keep, torch.exp(log_w_B_T), 0.0)
+    return torch.where(valid_B_T, weight, 1.0), keep
+
+
+def opsm_mask(
+    logp_B_T: torch.Tensor,
+    behaviour_logp_B_T: torch.Tensor,
+    adv_B: torch.Tensor,
+    valid_B_T: torch.Tensor,
+    delta: float,
+) -> torch.Tensor:
+    """Per-sequence keep (B,) of off-policy sequence masking (no grad).
+
+    ``kl_i = mean_{t valid} (logp_mu_t - logp_t)`` (the k1 estimate of
+    ``KL(mu || pi)`` on the sequence's tokens, which were sampled from ``mu``);
+    a sequence is dropped when ``A_i < 0 and kl_i > delta``. Rows without valid
+    tokens are kept.
+    """
+    diff = torch.where(valid_B_T, behaviour_logp_B_T - logp_B_T.detach(), 0.0)
+    kl_B = diff.sum(dim=1) / valid_B_T.sum(dim=1).clamp(min=1)
+    return ~((adv_B < 0) & (kl_B > delta) & valid_B_T.any(dim=1))
 
 
 def geo_mask(log_w_B_T: torch.Tensor, valid_B_T: torch.Tensor, low: float, high: float) -> torch.Tensor:

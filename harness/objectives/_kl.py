@@ -7,6 +7,9 @@ estimator's mean over samples estimates ``KL(q || p)``:
     k1 = -l                  unbiased, high variance, can be negative
     k2 = l^2 / 2             biased, low variance, >= 0
     k3 = exp(l) - 1 - l      unbiased (E_q[exp(l)] = 1), low variance, >= 0
+    k3_clamped = clamp(k3, -kl_clamp, kl_clamp)
+                             verl's ``low_var_kl`` (kl_clamp = 10): a token far from the
+                             reference contributes at most kl_clamp, and no gradient beyond it
 
 Mismatch KL between sampler and learner: tokens come from the behaviour policy
 ``mu``, so ``q = mu`` and ``p = pi_old``: ``l = log w`` with ``w = pi_old / mu``.
@@ -21,9 +24,16 @@ from labrl.errors import ConfigError
 
 
 def kl_estimate(
-    logp_sampled: torch.Tensor, logp_other: torch.Tensor, kind: str, clamp: float = 20.0
+    logp_sampled: torch.Tensor,
+    logp_other: torch.Tensor,
+    kind: str,
+    clamp: float = 20.0,
+    kl_clamp: float = 10.0,
 ) -> torch.Tensor:
-    """Elementwise k1 / k2 / k3 of ``KL(q || p)``, ``q`` = sampling policy; same shape as the inputs."""
+    """Elementwise k1 / k2 / k3 / k3_clamped of ``KL(q || p)``, ``q`` = sampling policy; same shape as the inputs.
+
+    ``clamp`` bounds the log-ratio before ``exp``; ``kl_clamp`` bounds the k3_clamped value.
+    """
     log_r = (logp_other - logp_sampled).clamp(-clamp, clamp)
     if kind == "k1":
         return -log_r
@@ -31,4 +41,6 @@ def kl_estimate(
         return 0.5 * log_r.square()
     if kind == "k3":
         return torch.expm1(log_r) - log_r
-    raise ConfigError(f"kl estimator must be one of k1, k2, k3 (got {kind!r})")
+    if kind == "k3_clamped":
+        return (torch.expm1(log_r) - log_r).clamp(-kl_clamp, kl_clamp)
+    raise ConfigError(f"kl estimator must be one of k1, k2, k3, k3_clamped (got {kind!r})")

@@ -11,8 +11,20 @@ where PPO would clip anyway).
     cispo      l_t = -sg(clip(r_t, 1 - eps_low, 1 + eps_high)) * A * logp_t
     gspo       l_t = -min(s_t A, clip(s_t, 1 - eps_low, 1 + eps_high) A),
                s_t = sg(s_i) * exp(logp_t - sg(logp_t)),  s_i = exp(mean_{t in i} (logp_t - logp_old_t))
+    sapo       l_t = -(4 / tau_t) * sigmoid(tau_t (r_t - 1)) * A,   tau_t = tau_pos if A > 0 else tau_neg
+               (Soft Adaptive Policy Optimization, arXiv 2511.20347). Its gradient is
+               -g_t A grad logp_t with the soft gate g_t = 4 sigmoid(.) (1 - sigmoid(.)) r_t: 1 at r = 1,
+               decaying smoothly as r leaves 1 (faster for the larger tau) instead of a hard cut.
 
-All four have the same gradient on-policy (``r = 1``, nothing clipped):
+Dual clip (Ye et al. 2020, "Mastering Complex Control in MOBA Games"; ``dual_clip_c = c > 1 + eps_high``)
+bounds the PPO / GSPO loss of a negative-advantage token from above:
+
+    A < 0:  l_t = min(l_t^ppo, -c A)          (= |A| * min(max(r, clip(r)), c))
+
+so a token whose ratio exploded (r > c) while its advantage is negative stops
+pushing (its gradient is 0) instead of contributing ``r |A|``.
+
+All five have the same gradient on-policy (``r = 1``, nothing clipped):
 ``-A * grad logp_t``. They differ off-policy: PPO zeroes the gradient of a token
 whose clipped term is active; CISPO only caps the token's weight, so every token
 keeps a gradient; GSPO clips the whole sequence on its length-normalised ratio.
@@ -22,7 +34,9 @@ sequence reproduces token-level PPO.
 
 Each function returns a ``TokenLoss``: the per-token loss and the tokens where
 a clip bound is active (``clipped_low`` / ``clipped_high``): for PPO and GSPO
-those tokens get no gradient; for CISPO their weight is capped.
+those tokens get no gradient; for CISPO their weight is capped. ``dual_clipped``
+marks the tokens cut by the dual clip, ``gate`` SAPO's soft gate ``g_t``
+(None for the other losses).
 """
 
 from __future__ import annotations
@@ -37,6 +51,8 @@ class TokenLoss(NamedTuple):
     ratio_B_T: torch.Tensor  # detached policy ratio (sequence ratio for gspo)
     clipped_low_B_T: torch.Tensor  # bool
     clipped_high_B_T: torch.Tensor  # bool
+    dual_clipped_B_T: torch.Tensor | None = None  # bool, only when a dual clip is set
+    gate_B_T: torch.Tensor | None = None  # SAPO's soft gate g_t (detached)
 
 
 def _ratio(logp_B_T: torch.Tensor, logp_old_B_T: torch.Tensor, clamp: float) -> torch.Tensor:
@@ -53,7 +69,11 @@ def reinforce_loss(
 
 
 def _clipped_surrogate(
-    ratio_B_T: torch.Tensor, adv_B_T: torch.Tensor, eps_low: float, eps_high: float
+    ratio_B_T: torch.Tensor,
+    adv_B_T: torch.Tensor,
+    eps_low: float,
+    eps_high: float,
+    dual_clip_c: float | None = None,
 ) -> TokenLoss:
     lo, hi = 1.0 - eps_low, 1.0 + eps_high
     unclipped = ratio_B_T * adv_B_T
@@ -63,7 +83,12 @@ def _clipped_surrogate(
     # The clipped branch is the minimum (gradient 0) exactly in these two quadrants.
     clipped_low = (adv_B_T < 0) & (r < lo)
     clipped_high = (adv_B_T > 0) & (r > hi)
-    return TokenLoss(loss, r, clipped_low, clipped_high)
+    if dual_clip_c is None:
+        return TokenLoss(loss, r, clipped_low, clipped_high)
+    # With c > 1 + eps_high, the bound -c A is below the PPO loss of an A < 0 token exactly when r > c.
+    dual = (adv_B_T < 0) & (r > dual_clip_c)
+    loss = torch.where(dual, -dual_clip_c * adv_B_T, loss)
+    return TokenLoss(loss, r, clipped_low, clipped_high, dual)
 
 
 def ppo_loss(
@@ -73,9 +98,11 @@ def ppo_loss(
     eps_low: float = 0.2,
     eps_high: float = 0.28,
     clamp: float = 20.0,
+    dual_clip_c: float | None = None,
 ) -> TokenLoss:
-    """``l_t = -min(r_t A, clip(r_t, 1 - eps_low, 1 + eps_high) A)``, ``r_t = exp(logp_t - logp_old_t)``."""
-    return _clipped_surrogate(_ratio(logp_B_T, logp_old_B_T, clamp), adv_B_T, eps_low, eps_high)
+    """``l_t = -min(r_t A, clip(r_t, 1 - eps_low, 1 + eps_high) A)``, ``r_t = exp(logp_t - logp_old_t)``;
+    with ``dual_clip_c``, ``l_t = min(l_t, -c A)`` where ``A < 0``."""
+    return _clipped_surrogate(_ratio(logp_B_T, logp_old_B_T, clamp), adv_B_T, eps_low, eps_high, dual_clip_c)
 
 
 def cispo_loss(
@@ -111,10 +138,34 @@ def gspo_loss(
     eps_low: float = 3e-4,
     eps_high: float = 4e-4,
     clamp: float = 20.0,
+    dual_clip_c: float | None = None,
 ) -> TokenLoss:
     """GSPO-token: PPO clip on ``s_t = sg(s_i) * exp(logp_t - sg(logp_t))``, ``s_i`` the length-normalised
-    sequence ratio ``exp(mean_t (logp_t - logp_old_t))``."""
+    sequence ratio ``exp(mean_t (logp_t - logp_old_t))``; ``dual_clip_c`` as in ``ppo_loss``."""
     log_s_B = sequence_log_ratio(logp_B_T.detach(), logp_old_B_T, valid_B_T).clamp(-clamp, clamp)
     # Value s_i on every token; gradient s_i * grad logp_t per token.
     log_s_B_T = log_s_B[:, None] + (logp_B_T - logp_B_T.detach())
-    return _clipped_surrogate(torch.exp(log_s_B_T), adv_B_T, eps_low, eps_high)
+    return _clipped_surrogate(torch.exp(log_s_B_T), adv_B_T, eps_low, eps_high, dual_clip_c)
+
+
+def sapo_loss(
+    logp_B_T: torch.Tensor,
+    logp_old_B_T: torch.Tensor,
+    adv_B_T: torch.Tensor,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+    clamp: float = 20.0,
+) -> TokenLoss:
+    """SAPO: ``l_t = -(4 / tau_t) sigmoid(tau_t (r_t - 1)) A``, ``tau_t = tau_pos if A > 0 else tau_neg``.
+
+    No token is hard-clipped (``clipped_low`` / ``clipped_high`` are all false);
+    ``gate`` holds the soft gate ``g_t = 4 sigmoid(x)(1 - sigmoid(x)) r_t``,
+    ``x = tau_t (r_t - 1)``, the factor SAPO puts on the REINFORCE gradient.
+    """
+    r = _ratio(logp_B_T, logp_old_B_T, clamp)
+    tau = torch.full_like(r.detach(), tau_neg).masked_fill(adv_B_T > 0, tau_pos)
+    sig = torch.sigmoid(tau * (r - 1.0))
+    loss = -(4.0 / tau) * sig * adv_B_T
+    r_d, sig_d = r.detach(), sig.detach()
+    never = torch.zeros_like(r_d, dtype=torch.bool)
+    return TokenLoss(loss, r_d, never, never, gate_B_T=4.0 * sig_d * (1.0 - sig_d) * r_d)

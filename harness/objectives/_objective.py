@@ -18,9 +18,35 @@ whole-batch loss. Per token, the loss minimised is
 
     l_t = keep_t * weight_t * pg_t(logp, logp_old, A) + kl_coef * k(logp, logp_ref)_t
 
-with ``pg`` the configured policy loss, ``weight`` the product of TIS weights and
-``keep`` the AND of the masks, then aggregated over valid tokens (loss mask and
-finite sampler log-prob) with the global denominator.
+with ``pg`` the configured policy loss, ``weight`` the product of TIS / IcePop
+weights and ``keep`` the AND of the masks, then aggregated over valid tokens
+(loss mask and finite sampler log-prob) with the global denominator.
+
+Decoupled PPO (AReaL, arXiv 2505.24298): three policies are kept apart. The
+behaviour policy ``mu`` generated the tokens (sampler log-probs, possibly many
+versions old); the proximal policy ``pi_prox`` is the learner at the start of
+the batch (``old_logprobs_B_T``, computed once, before the batch's first
+optimizer step); ``pi_theta`` is the current parameters. Per token::
+
+    l_t = keep_t * c(pi_prox / mu)_t * pg_t(pi_theta / pi_prox, A)
+
+the trust region (PPO/CISPO/GSPO clip, SAPO gate, dual clip) acts on the
+proximal-to-current ratio ``r = pi_theta / pi_prox``, and the configured
+behaviour correction ``c`` (TIS, IcePop, masks, M2PO) on the
+behaviour-to-proximal ratio ``w = pi_prox / mu``. With one optimizer step per
+batch ``r = 1`` at the only step, so the clip never acts; with
+``learner.minibatches > 1`` or ``learner.epochs > 1`` the later steps see
+``r != 1``. ``minibatch`` re-derives the loss denominator for a subset of rows
+so each optimizer step is a full-weight step on its rows, while advantages,
+corrections and masks stay those of the whole batch. OPSM is the one
+correction evaluated on ``pi_theta`` (at every step, inside ``policy_loss``),
+as DeepSeek-V3.2 defines it.
+
+Diagnostics (per step): ``mismatch/abs_log_ratio_mean`` = mean ``|log w|``
+(behaviour to proximal, from ``prepare``), ``policy/abs_log_ratio_mean`` =
+mean ``|log r|`` (proximal to current), ``policy/clip_low_frac`` /
+``clip_high_frac`` / ``dual_clip_frac``, ``corrections/masked_frac`` (tokens
+removed by the batch-level masks) and ``opsm/masked_frac``.
 """
 
 from __future__ import annotations
@@ -35,11 +61,20 @@ from labrl.errors import ConfigError, LearnerError
 
 from ._advantages import compute_advantages
 from ._aggregation import aggregate, global_denominator
-from ._config import M2PO, TIS, GeoMask, ObjectiveConfig, TokenMask, Veto
-from ._corrections import geo_mask, m2po_mask, tis_sequence_weights, tis_token_weights, token_mask, veto_mask
+from ._config import M2PO, OPSM, TIS, GeoMask, IcePop, ObjectiveConfig, TokenMask, Veto
+from ._corrections import (
+    geo_mask,
+    icepop_weights,
+    m2po_mask,
+    opsm_mask,
+    tis_sequence_weights,
+    tis_token_weights,
+    token_mask,
+    veto_mask,
+)
 from ._diagnostics import mismatch_kl, ratio_stats, staleness_stats
 from ._kl import kl_estimate
-from ._losses import TokenLoss, cispo_loss, gspo_loss, ppo_loss, reinforce_loss
+from ._losses import TokenLoss, cispo_loss, gspo_loss, ppo_loss, reinforce_loss, sapo_loss
 
 
 @dataclass(frozen=True)
@@ -138,6 +173,7 @@ class PreparedBatch:
     weight_B_T: torch.Tensor  # float: product of TIS weights (1 where none applies)
     advantages_B: torch.Tensor  # float
     old_logprobs_B_T: torch.Tensor  # 0 off the valid tokens
+    behaviour_logprobs_B_T: torch.Tensor  # 0 off the valid tokens (OPSM reads it per step)
     ref_logprobs_B_T: torch.Tensor | None
     denominator: float
     num_valid_tokens: int
@@ -163,11 +199,33 @@ class PreparedBatch:
             weight_B_T=self.weight_B_T[index],
             advantages_B=self.advantages_B[index],
             old_logprobs_B_T=self.old_logprobs_B_T[index],
+            behaviour_logprobs_B_T=self.behaviour_logprobs_B_T[index],
             ref_logprobs_B_T=rows(self.ref_logprobs_B_T),
         )
 
     def __getitem__(self, index: torch.Tensor | slice | list[int]) -> PreparedBatch:
         return self.select(index)
+
+
+def minibatch(
+    cfg: ObjectiveConfig, prepared: PreparedBatch, index: torch.Tensor | slice | list[int]
+) -> PreparedBatch:
+    """The rows ``index`` as a batch of their own for one optimizer step.
+
+    Unlike ``select`` (a micro-batch: a share of the global loss), the loss
+    denominator and the valid counts are recomputed over these rows, so the
+    mini-batch's micro-batch losses sum to the mini-batch's own mean loss.
+    Advantages, correction weights, masks and batch metrics stay those computed
+    over the whole batch in ``prepare``.
+    """
+    sub = prepared.select(index)
+    valid = sub.valid_B_T
+    return dataclasses.replace(
+        sub,
+        denominator=global_denominator(cfg.aggregation, valid, cfg.aggregation_constant),
+        num_valid_tokens=int(valid.sum()),
+        num_valid_seqs=int(valid.any(dim=1).sum()),
+    )
 
 
 @torch.no_grad()
@@ -200,6 +258,7 @@ def prepare(cfg: ObjectiveConfig, inputs: ObjectiveInputs) -> PreparedBatch:
     weight, keep, corr_metrics = _apply_corrections(cfg, log_w, valid, adv_B_T, n_valid, n_seqs)
     metrics |= corr_metrics
     metrics |= mismatch_kl(log_w, valid)
+    metrics["mismatch/abs_log_ratio_mean"] = _frac(log_w.abs().sum(), n_valid)
     metrics |= ratio_stats(log_w, valid)
     metrics |= staleness_stats(inputs.versions_B_T, valid, inputs.learner_version)
 
@@ -212,6 +271,7 @@ def prepare(cfg: ObjectiveConfig, inputs: ObjectiveInputs) -> PreparedBatch:
         weight_B_T=weight.to(old.dtype),
         advantages_B=adv_B.to(old.dtype),
         old_logprobs_B_T=old,
+        behaviour_logprobs_B_T=mu,
         ref_logprobs_B_T=ref,
         denominator=global_denominator(cfg.aggregation, valid, cfg.aggregation_constant),
         num_valid_tokens=n_valid,
@@ -249,7 +309,14 @@ def _apply_corrections(
             weight = weight * w
             m[f"{name}/weight_mean"] = _frac(torch.where(valid, w, 0.0).sum(), n_valid)
             continue
-        if isinstance(corr, TokenMask):
+        if isinstance(corr, OPSM):
+            continue  # evaluated on the current policy at every step, in policy_loss
+        if isinstance(corr, IcePop):
+            w, band = icepop_weights(log_w, valid, corr.low, corr.high)
+            weight = weight * w
+            m[f"{name}/weight_mean"] = _frac(torch.where(band, w, 0.0).sum(), int(band.sum()))
+            new_keep = keep & band
+        elif isinstance(corr, TokenMask):
             new_keep = keep & token_mask(log_w, valid, corr.low, corr.high)
         elif isinstance(corr, GeoMask | Veto):
             if isinstance(corr, GeoMask):
@@ -269,6 +336,7 @@ def _apply_corrections(
         m[f"{name}/masked_frac"] = _frac((keep & ~new_keep).sum(), n_valid)
         keep = new_keep
     m["corrections/kept_frac"] = _frac(keep.sum(), n_valid)
+    m["corrections/masked_frac"] = _frac((valid & ~keep).sum(), n_valid)
     m["corrections/weight_mean"] = _frac(torch.where(keep, weight, 0.0).sum(), n_valid)
     return weight, keep, m
 
@@ -279,14 +347,16 @@ def _token_loss(cfg: ObjectiveConfig, logp: torch.Tensor, p: PreparedBatch) -> T
     clamp = cfg.log_ratio_clamp
     if cfg.loss == "reinforce":
         return reinforce_loss(logp, old, adv, clamp)
+    if cfg.loss == "sapo":
+        return sapo_loss(logp, old, adv, cfg.sapo_tau_pos, cfg.sapo_tau_neg, clamp)
     assert cfg.eps_low is not None and cfg.eps_high is not None  # filled by the config validator
     if cfg.loss == "ppo":
-        return ppo_loss(logp, old, adv, cfg.eps_low, cfg.eps_high, clamp)
+        return ppo_loss(logp, old, adv, cfg.eps_low, cfg.eps_high, clamp, cfg.dual_clip_c)
     if cfg.loss == "cispo":
         return cispo_loss(logp, old, adv, cfg.eps_low, cfg.eps_high, clamp)
     if cfg.loss == "gspo":
-        return gspo_loss(logp, old, adv, p.valid_B_T, cfg.eps_low, cfg.eps_high, clamp)
-    raise ConfigError(f"loss must be reinforce, ppo, cispo or gspo (got {cfg.loss!r})")
+        return gspo_loss(logp, old, adv, p.valid_B_T, cfg.eps_low, cfg.eps_high, clamp, cfg.dual_clip_c)
+    raise ConfigError(f"loss must be reinforce, ppo, cispo, gspo or sapo (got {cfg.loss!r})")
 
 
 def policy_loss(
@@ -309,15 +379,25 @@ def policy_loss(
     # Padding may hold -inf/nan; `where` keeps it out of values and gradients.
     logp = torch.where(valid, logprobs_B_T, 0.0)
     tl = _token_loss(cfg, logp, prepared)
-    pg_B_T = torch.where(prepared.keep_B_T, tl.loss_B_T * prepared.weight_B_T, 0.0)
+    keep = prepared.keep_B_T
+    n = prepared.num_valid_tokens
+    metrics: dict[str, float] = {}
+    opsm = next((c for c in cfg.corrections if isinstance(c, OPSM)), None)
+    if opsm is not None:
+        seq_keep = opsm_mask(logp, prepared.behaviour_logprobs_B_T, prepared.advantages_B, valid, opsm.delta)
+        metrics["opsm/masked_frac"] = _frac((keep & ~seq_keep[:, None]).sum(), n)
+        metrics["opsm/masked_seq_frac"] = _frac((~seq_keep).sum(), prepared.num_valid_seqs)
+        keep = keep & seq_keep[:, None]
+    pg_B_T = torch.where(keep, tl.loss_B_T * prepared.weight_B_T, 0.0)
     agg = cfg.aggregation
     pg = aggregate(agg, pg_B_T, valid, prepared.denominator)
     total = pg
-    n = prepared.num_valid_tokens
-    metrics = {"loss/policy": float(pg.detach())}
+    metrics["loss/policy"] = float(pg.detach())
     if cfg.kl_coef > 0:
         assert prepared.ref_logprobs_B_T is not None  # checked in prepare
-        k_B_T = kl_estimate(logp, prepared.ref_logprobs_B_T, cfg.kl_estimator, cfg.log_ratio_clamp)
+        k_B_T = kl_estimate(
+            logp, prepared.ref_logprobs_B_T, cfg.kl_estimator, cfg.log_ratio_clamp, cfg.kl_clamp
+        )
         kl_term = cfg.kl_coef * aggregate(agg, k_B_T, valid, prepared.denominator)
         total = total + kl_term
         metrics["loss/ref_kl"] = float(kl_term.detach())
@@ -328,6 +408,12 @@ def policy_loss(
     metrics["policy/clip_high_frac"] = _frac(high.sum(), n)
     metrics["policy/clip_frac"] = _frac((low | high).sum(), n)
     metrics["policy/ratio_mean"] = _frac(torch.where(valid, tl.ratio_B_T, 0.0).sum(), n)
+    log_r = (logp.detach() - prepared.old_logprobs_B_T).abs()
+    metrics["policy/abs_log_ratio_mean"] = _frac(torch.where(valid, log_r, 0.0).sum(), n)
+    if tl.dual_clipped_B_T is not None:
+        metrics["policy/dual_clip_frac"] = _frac((tl.dual_clipped_B_T & valid).sum(), n)
+    if tl.gate_B_T is not None:
+        metrics["policy/sapo_gate_mean"] = _frac(torch.where(valid, tl.gate_B_T, 0.0).sum(), n)
     return total, metrics
 
 

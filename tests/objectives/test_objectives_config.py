@@ -98,7 +98,7 @@ objective:
         ),
         (
             {"loss": "ppo2"},
-            "invalid objective config: loss: Input should be 'reinforce', 'ppo', 'cispo' or 'gspo'",
+            "invalid objective config: loss: Input should be 'reinforce', 'ppo', 'cispo', 'gspo' or 'sapo'",
         ),
         ({"los": "ppo"}, "invalid objective config: los: Extra inputs are not permitted"),
         ({"eps_low": 0}, "invalid objective config: eps_low: Input should be greater than 0"),
