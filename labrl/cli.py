@@ -56,6 +56,8 @@ def _show_labrl_log_lines() -> None:
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         logger.propagate = False
+
+
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:  # type: ignore[no-untyped-def]
     """Warnings on the console as one line each (the source line under them says nothing to a user)."""
     return f"labrl: warning: {message}\n"

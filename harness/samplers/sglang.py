@@ -48,8 +48,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import os
+import re
 import shutil
 import time
 import uuid
