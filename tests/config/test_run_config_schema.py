@@ -281,6 +281,13 @@ def test_an_old_style_quickstart_resolves_like_the_new_one(tmp_path):
 # -- the quickstart did not change -----------------------------------------------
 
 
+def _assert_captured_then_defaults(key, dumped, captured, owner):
+    """The captured fields equal, and every field added since sits at its class default."""
+    assert {k: dumped[k] for k in captured} == captured, key
+    nested = type(getattr(owner, key))
+    assert dumped == nested.model_validate(captured).model_dump(mode="json"), key
+
+
 @pytest.mark.parametrize("name", sorted(CAPTURED))
 def test_quickstart_resolves_to_the_captured_component_configs(name):
     """Values captured from main at 895bacc (the runner's hand copy); fields added since keep their defaults."""
@@ -295,6 +302,9 @@ def test_quickstart_resolves_to_the_captured_component_configs(name):
         for key, value in expected.items():
             if key == "precision" and dumped[key] == "auto":  # the default since device/precision auto
                 assert precision_name(param_dtype("auto", torch.device("cpu"))) == value, key
+                continue
+            if isinstance(value, dict):  # a nested component config (objective, optimizer)
+                _assert_captured_then_defaults(key, dumped[key], value, got)
                 continue
             assert dumped[key] == value, key
         defaults = cls.model_validate({**{k: getattr(got, k) for k in expected}}).model_dump(
