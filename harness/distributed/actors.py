@@ -211,9 +211,7 @@ class EnvWorker:
         from labrl.harness.distributed.transcripts import GroupTranscript, current_group
         from labrl.harness.rollout import rollout_group
 
-        if not self._registered:  # counts (re)starts; async, so not in __init__
-            self._registered = True
-            await self.control.started.remote(self.name)
+        await self.ready()
         saved = await self.gateway.saved.remote(index) if resume else {}
         group = GroupTranscript(index, saved)
         size = self.cfg.pipeline.group_size
@@ -233,6 +231,13 @@ class EnvWorker:
             counters["episodes_rerun"] = size - resumed
         payload = len(pickle.dumps(trajectories, protocol=5))
         return GroupResult(trajectories, counters, payload)
+
+    async def ready(self) -> int:
+        """The pid, once this incarnation is counted by ``Control`` (async, so not in ``__init__``)."""
+        if not self._registered:
+            self._registered = True
+            await self.control.started.remote(self.name)
+        return os.getpid()
 
     async def stats(self) -> dict[str, int]:
         return dict(self.remote.counters)

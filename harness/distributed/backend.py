@@ -178,7 +178,7 @@ async def start_ray(cfg: RunConfig, *, tokenizer: Tokenizer, resume: bool, on_sf
         created += workers
         await asyncio.to_thread(
             wait_placed,
-            [w.pid.remote() for w in workers],
+            [w.ready.remote() for w in workers],
             r.placement_timeout_s,
             f"{r.env_workers} env worker(s)",
         )
@@ -194,6 +194,8 @@ async def start_ray(cfg: RunConfig, *, tokenizer: Tokenizer, resume: bool, on_sf
 
     async def close() -> dict[str, Any]:
         summary = await monitor.summary()
+        pool.health.close()
+        sampler.health.close()
         use_connection_factory(None)
         for handle in created:
             ray.kill(handle, no_restart=True)

@@ -34,6 +34,40 @@ def _actor_errors() -> tuple[type[BaseException], ...]:
     return (RayActorError, ActorUnavailableError)
 
 
+class _Prober:
+    """Marks actors down on a failure and up again once Ray has them back (a call to ``method`` answers)."""
+
+    def __init__(self, actors: Sequence[Any], method: str) -> None:
+        self._actors, self._method = actors, method
+        self.down: set[int] = set()
+        self._tasks: dict[int, asyncio.Task] = {}
+
+    def failed(self, i: int) -> None:
+        self.down.add(i)
+        if i not in self._tasks:
+            self._tasks[i] = asyncio.ensure_future(self._probe(i))
+
+    def answered(self, i: int) -> None:
+        self.down.discard(i)
+
+    async def _probe(self, i: int) -> None:
+        try:
+            while True:
+                try:
+                    await getattr(self._actors[i], self._method).remote()
+                except _actor_errors():
+                    await asyncio.sleep(1.0)
+                    continue
+                self.down.discard(i)
+                return
+        finally:
+            self._tasks.pop(i, None)
+
+    def close(self) -> None:
+        for task in list(self._tasks.values()):
+            task.cancel()
+
+
 def _backoff(attempt: int) -> float:
     """0.2, 0.4, ... capped at 2 s: a restarting actor is usually back within seconds."""
     return min(2.0, 0.2 * 2**attempt)
@@ -49,9 +83,13 @@ class RemoteSampler:
         self.control = control
         self.reissue_timeout_s = reissue_timeout_s
         self.counters: Counter[str] = Counter()
-        self.down: set[int] = set()
+        self.health = _Prober(self.actors, "ready")
         self._version = 0
         self._next = 0
+
+    @property
+    def down(self) -> set[int]:
+        return self.health.down
 
     @property
     def version(self) -> int:
@@ -69,7 +107,7 @@ class RemoteSampler:
             except errors as exc:
                 self.counters["sampler_failures"] += 1
                 self.counters["requests_reissued"] += len(requests)
-                self.down.add(i)
+                self.health.failed(i)
                 if time.monotonic() >= deadline:
                     raise SamplerError(
                         f"sampler actor {i} stayed unreachable for ray.reissue_timeout_s="
@@ -79,7 +117,7 @@ class RemoteSampler:
                 attempt += 1
                 i = (i + 1) % len(self.actors)
                 continue
-            self.down.discard(i)
+            self.health.answered(i)
             return results
 
     async def update_weights(self, weights: Any, version: int, *, force: bool = False) -> None:
@@ -97,7 +135,7 @@ class RemoteSampler:
                 if not isinstance(r, _actor_errors()):
                     raise r
                 self.counters["sampler_failures"] += 1
-                self.down.add(i)
+                self.health.failed(i)
         self._version = version
 
     async def pause(self) -> None:
@@ -158,12 +196,13 @@ class EnvWorkerPool:
         self.workers = list(workers)
         self.gateway = gateway
         self.load = [0] * len(self.workers)
-        self.down: set[int] = set()
+        self.health = _Prober(self.workers, "ready")
         self.counters: Counter[str] = Counter()
         self.payload_bytes = 0
 
     def _pick(self, avoid: int | None) -> int:
-        order = sorted(range(len(self.workers)), key=lambda i: (i in self.down, i == avoid, self.load[i], i))
+        down = self.health.down
+        order = sorted(range(len(self.workers)), key=lambda i: (i in down, i == avoid, self.load[i], i))
         return order[0]
 
     async def play(self, index: int, task: Task, sampling: SamplingParams) -> list[Trajectory]:
@@ -183,7 +222,7 @@ class EnvWorkerPool:
             except errors:
                 self.counters["env_worker_failures"] += 1
                 self.counters["groups_replayed"] += 1 if attempt == 0 else 0
-                self.down.add(i)
+                self.health.failed(i)
                 attempt, failed = attempt + 1, i
                 if attempt > 10 * len(self.workers) + 10:
                     raise WorkerLostError(
@@ -194,7 +233,7 @@ class EnvWorkerPool:
                 continue
             finally:
                 self.load[i] -= 1
-            self.down.discard(i)
+            self.health.answered(i)
             self.counters.update(result.counters)
             self.counters["groups_played"] += 1
             self.payload_bytes += result.payload_bytes
@@ -202,4 +241,4 @@ class EnvWorkerPool:
             return result.trajectories
 
     def health(self) -> Mapping[str, Any]:
-        return {"up": len(self.workers) - len(self.down), "total": len(self.workers)}
+        return {"up": len(self.workers) - len(self.health.down), "total": len(self.workers)}
