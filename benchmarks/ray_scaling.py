@@ -157,7 +157,7 @@ async def main_async(args) -> dict[str, Any]:
     register_bench_env()
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH", "")]))
     ray.init(
-        num_cpus=args.cpus, include_dashboard=False, logging_level="WARNING",
+        address="local", num_cpus=args.cpus, include_dashboard=False, logging_level="WARNING",
         runtime_env={"worker_process_setup_hook": "ray_scaling.register_bench_env"},
     )  # fmt: skip
     run_dir = Path(args.run_dir)
@@ -190,7 +190,9 @@ async def main_async(args) -> dict[str, Any]:
         groups = args.groups * n  # the same number of waves at every N
         pool = EnvWorkerPool(workers[:n], gateway)
         base_s = await play(inproc, env, sampling, groups, in_flight, next_index, [])
+        cpu0 = time.process_time()
         ray_s = await play(pool.play, env, sampling, groups, in_flight, next_index, [])
+        driver_cpu_s = time.process_time() - cpu0  # the orchestrator's side of the rollout plane
         next_index += groups
         episodes = groups * args.group_size
         payload = pool.payload_bytes / max(1, pool.counters["groups_played"])
@@ -202,6 +204,7 @@ async def main_async(args) -> dict[str, Any]:
             "ray_eps": episodes / ray_s,
             "overhead_frac": 1 - base_s / ray_s,
             "overhead_per_episode_ms": 1000 * (ray_s - base_s) / episodes,
+            "driver_cpu_ms_per_episode": 1000 * driver_cpu_s / episodes,
             "group_payload_bytes": payload,
             # per learner step of batch_groups groups: trajectories in, the batch to the learner (~ the same
             # tokens), the weights ref out (one copy per sampler actor node)
@@ -211,7 +214,7 @@ async def main_async(args) -> dict[str, Any]:
         print(
             f"N={n}  in flight {in_flight} groups  in-process {row['inprocess_eps']:.1f} eps  "
             f"ray {row['ray_eps']:.1f} eps  overhead {100 * row['overhead_frac']:+.1f}% "
-            f"({row['overhead_per_episode_ms']:+.1f} ms/episode)  group payload {payload / 1024:.1f} KiB",
+            f"({row['overhead_per_episode_ms']:+.1f} ms/episode)  driver CPU {row['driver_cpu_ms_per_episode']:.2f} ms/episode  group payload {payload / 1024:.1f} KiB",
             flush=True,
         )
     # one of `top` workers killed mid-run

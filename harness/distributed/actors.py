@@ -198,7 +198,9 @@ class EnvWorker:
         use_connection_factory(gateway_factory(gateway))
         self.make_env = make_env_factory(self.cfg)
         self.tokenizer = build_tokenizer(self.cfg)
-        self.remote = RemoteSampler(samplers, reissue_timeout_s=reissue_timeout_s)
+        self.remote = RemoteSampler(
+            samplers, reissue_timeout_s=reissue_timeout_s, coalesce_s=self.cfg.ray.generate_coalesce_s
+        )
         self.sampler = TranscriptSampler(self.remote)
         self.gateway = gateway
         self.control = control

@@ -165,7 +165,9 @@ async def start_ray(cfg: RunConfig, *, tokenizer: Tokenizer, resume: bool, on_sf
             r.placement_timeout_s,
             f"{r.samplers} sampler actor(s)",
         )
-        sampler = RemoteSampler(samplers, control, reissue_timeout_s=r.reissue_timeout_s)
+        sampler = RemoteSampler(
+            samplers, control, reissue_timeout_s=r.reissue_timeout_s, coalesce_s=r.generate_coalesce_s
+        )
         sampler._version = learner.version
         workers = [
             new(
@@ -194,8 +196,8 @@ async def start_ray(cfg: RunConfig, *, tokenizer: Tokenizer, resume: bool, on_sf
 
     async def close() -> dict[str, Any]:
         summary = await monitor.summary()
-        pool.health.close()
-        sampler.health.close()
+        pool.liveness.close()
+        sampler.liveness.close()
         use_connection_factory(None)
         for handle in created:
             ray.kill(handle, no_restart=True)

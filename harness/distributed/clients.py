@@ -1,7 +1,8 @@
 """Driver- and worker-side handles on the actors, each implementing the interface the in-process code uses.
 
-- ``RemoteSampler``: the ``Sampler`` protocol over the sampler actors. A
-  request whose actor died is re-issued (same request, to the next actor, or
+- ``RemoteSampler``: the ``Sampler`` protocol over the sampler actors. The
+  requests of all episodes that ask within ``ray.generate_coalesce_s`` go in
+  one actor call (one hop for many episodes' turns). A request whose actor died is re-issued (same request, to the next actor, or
   the same one once Ray restarted it, which re-syncs before serving); weight
   updates are versioned messages: the ref to the learner's exported state dict
   goes to ``Control`` first (so a restarting actor picks it up) and then to
@@ -83,19 +84,62 @@ class RemoteSampler:
         self.control = control
         self.reissue_timeout_s = reissue_timeout_s
         self.counters: Counter[str] = Counter()
-        self.health = _Prober(self.actors, "ready")
+        self.liveness = _Prober(self.actors, "ready")
         self._version = 0
         self._next = 0
 
     @property
     def down(self) -> set[int]:
-        return self.health.down
+        return self.liveness.down
 
     @property
     def version(self) -> int:
         return self._version
 
     async def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        """Queue ``requests``; the requests of every episode that asks within ``coalesce_s`` go in one call."""
+        loop = asyncio.get_running_loop()
+        futures = []
+        for request in requests:
+            future: asyncio.Future[GenerateResult] = loop.create_future()
+            self._pending.append((request, future))
+            futures.append(future)
+        if self._flush is None:
+            self._flush = loop.call_later(self.coalesce_s, self._send_pending)
+        return list(await asyncio.gather(*futures))
+
+    def _send_pending(self) -> None:
+        batch, self._pending, self._flush = self._pending, [], None
+        task = asyncio.ensure_future(self._deliver(batch))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _deliver(self, batch: list[tuple[GenerateRequest, asyncio.Future]]) -> None:
+        from ray.exceptions import RayTaskError
+
+        try:
+            results = await self._call([request for request, _ in batch])
+        except RayTaskError as exc:
+            if len(batch) > 1:  # one bad request (e.g. a prompt too long) must fail only its own episode
+                await asyncio.gather(*(self._deliver([item]) for item in batch))
+                return
+            self._fail(batch, exc)
+            return
+        except BaseException as exc:
+            self._fail(batch, exc)
+            return
+        for (_, future), result in zip(batch, results, strict=True):
+            if not future.done():  # its episode may have been cancelled meanwhile
+                future.set_result(result)
+
+    @staticmethod
+    def _fail(batch: list[tuple[GenerateRequest, asyncio.Future]], exc: BaseException) -> None:
+        for _, future in batch:
+            if not future.done():
+                future.set_exception(exc)
+
+    async def _call(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+        """One actor call; re-issued to the next actor (or the restarted one) while actors are down."""
         errors = _actor_errors()
         i = self._next
         self._next = (self._next + 1) % len(self.actors)
@@ -103,11 +147,11 @@ class RemoteSampler:
         attempt = 0
         while True:
             try:
-                results = await self.actors[i].generate.remote(list(requests))
+                results = await self.actors[i].generate.remote(requests)
             except errors as exc:
                 self.counters["sampler_failures"] += 1
                 self.counters["requests_reissued"] += len(requests)
-                self.health.failed(i)
+                self.liveness.failed(i)
                 if time.monotonic() >= deadline:
                     raise SamplerError(
                         f"sampler actor {i} stayed unreachable for ray.reissue_timeout_s="
@@ -117,7 +161,9 @@ class RemoteSampler:
                 attempt += 1
                 i = (i + 1) % len(self.actors)
                 continue
-            self.health.answered(i)
+            self.liveness.answered(i)
+            self.counters["generate_calls"] += 1
+            self.counters["requests"] += len(requests)
             return results
 
     async def update_weights(self, weights: Any, version: int, *, force: bool = False) -> None:
@@ -135,7 +181,7 @@ class RemoteSampler:
                 if not isinstance(r, _actor_errors()):
                     raise r
                 self.counters["sampler_failures"] += 1
-                self.health.failed(i)
+                self.liveness.failed(i)
         self._version = version
 
     async def pause(self) -> None:
@@ -196,12 +242,12 @@ class EnvWorkerPool:
         self.workers = list(workers)
         self.gateway = gateway
         self.load = [0] * len(self.workers)
-        self.health = _Prober(self.workers, "ready")
+        self.liveness = _Prober(self.workers, "ready")
         self.counters: Counter[str] = Counter()
         self.payload_bytes = 0
 
     def _pick(self, avoid: int | None) -> int:
-        down = self.health.down
+        down = self.liveness.down
         order = sorted(range(len(self.workers)), key=lambda i: (i in down, i == avoid, self.load[i], i))
         return order[0]
 
@@ -222,7 +268,7 @@ class EnvWorkerPool:
             except errors:
                 self.counters["env_worker_failures"] += 1
                 self.counters["groups_replayed"] += 1 if attempt == 0 else 0
-                self.health.failed(i)
+                self.liveness.failed(i)
                 attempt, failed = attempt + 1, i
                 if attempt > 10 * len(self.workers) + 10:
                     raise WorkerLostError(
@@ -233,7 +279,7 @@ class EnvWorkerPool:
                 continue
             finally:
                 self.load[i] -= 1
-            self.health.answered(i)
+            self.liveness.answered(i)
             self.counters.update(result.counters)
             self.counters["groups_played"] += 1
             self.payload_bytes += result.payload_bytes
@@ -241,4 +287,4 @@ class EnvWorkerPool:
             return result.trajectories
 
     def health(self) -> Mapping[str, Any]:
-        return {"up": len(self.workers) - len(self.health.down), "total": len(self.workers)}
+        return {"up": len(self.workers) - len(self.liveness.down), "total": len(self.workers)}

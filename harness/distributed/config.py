@@ -52,6 +52,11 @@ class RaySection(BaseModel):
     reissue_timeout_s: float = Field(
         default=300.0, gt=0, description="give up re-issuing to a sampler actor that stays down this long"
     )
+    generate_coalesce_s: float = Field(
+        default=0.002,
+        ge=0.0,
+        description="an env worker sends the turns its episodes ask within this in one call",
+    )
     spread_env_workers: bool = Field(
         default=True, description="SPREAD env workers over nodes (a node loss takes fewer of them)"
     )
