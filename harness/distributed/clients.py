@@ -78,9 +78,18 @@ class RemoteSampler:
     """``Sampler`` over sampler actors; see the module docstring."""
 
     def __init__(
-        self, actors: Sequence[Any], control: Any = None, *, reissue_timeout_s: float = 300.0
+        self,
+        actors: Sequence[Any],
+        control: Any = None,
+        *,
+        reissue_timeout_s: float = 300.0,
+        coalesce_s: float = 0.002,
     ) -> None:
         self.actors = list(actors)
+        self.coalesce_s = coalesce_s
+        self._pending: list[tuple[GenerateRequest, asyncio.Future]] = []
+        self._flush: asyncio.TimerHandle | None = None
+        self._sending: set[asyncio.Task] = set()
         self.control = control
         self.reissue_timeout_s = reissue_timeout_s
         self.counters: Counter[str] = Counter()

@@ -152,3 +152,43 @@ async def test_the_gateway_keeps_transcripts_and_counts_reattached_jobs():
         assert await gateway.saved(4) == {} and (await gateway.stats())["transcripts_held"] == 0
     finally:
         await close_connections()
+
+
+class _Ref:
+    """Awaitable like a Ray ObjectRef."""
+
+    def __init__(self, value) -> None:
+        self.value = value
+
+    def __await__(self):
+        async def get():
+            await asyncio.sleep(0.01)
+            return self.value
+
+        return get().__await__()
+
+
+class _SamplerHandle:
+    """The ``generate.remote`` of a sampler actor handle, recording each call's batch size."""
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+        self.generate = self
+
+    def remote(self, requests):
+        self.batches.append(len(requests))
+        return _Ref([GenerateResult(r.rid, [len(r.input_ids)], [0.0], [0], "stop") for r in requests])
+
+
+async def test_concurrent_episodes_turns_go_to_the_sampler_actor_in_one_call():
+    from labrl.harness.distributed.clients import RemoteSampler
+
+    handle = _SamplerHandle()
+    remote = RemoteSampler([handle], coalesce_s=0.005)
+    requests = [
+        GenerateRequest(rid=f"r{i}", input_ids=(1,) * (i + 1), sampling=SamplingParams()) for i in range(10)
+    ]
+    results = await asyncio.gather(*(remote.generate([r]) for r in requests))
+    assert handle.batches == [10]  # one hop for ten episodes' turns
+    assert [(res.rid, res.output_ids) for (res,) in results] == [(f"r{i}", [i + 1]) for i in range(10)]
+    assert remote.counters["generate_calls"] == 1 and remote.counters["requests"] == 10
