@@ -106,8 +106,11 @@ class LearnerActor:
         metrics = self.learner.train_step(batch)
         return metrics, self.learner.version
 
-    def export_weights(self) -> dict[str, torch.Tensor]:
-        return self.learner.export_weights()
+    def export_weights(self) -> list[Any]:
+        """``[ref]`` to the exported state dict, put by this actor (nested, so the caller gets the ref)."""
+        import ray
+
+        return [ray.put(self.learner.export_weights())]
 
     def save_checkpoint(self, path: str) -> None:
         self.learner.save_checkpoint(path)

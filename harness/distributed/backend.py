@@ -147,8 +147,9 @@ async def start_ray(cfg: RunConfig, *, tokenizer: Tokenizer, resume: bool, on_sf
             records, sft_s = await learner_actor.warm_start.remote(cfg.model.init_from_hf is not None)
             for record in records:
                 on_sft(record)
+        version = await learner_actor.version.remote()  # after the warm start
         learner = LearnerClient(learner_actor, cfg.run_dir, version)
-        await control.set_policy.remote(learner.version, [learner.export_weights()])
+        await control.set_policy.remote(learner.version, [await asyncio.to_thread(learner.export_weights)])
         urls = cfg.sampler.sglang.urls
         samplers = [
             new(

@@ -235,7 +235,8 @@ class LearnerClient:
 
     def export_weights(self) -> Any:
         """A ref to the exported state dict (the payload of the versioned weight message), not the tensors."""
-        return self.actor.export_weights.remote()
+        (ref,) = self._call("export_weights")
+        return ref
 
     def save_checkpoint(self, path: str) -> None:
         self._call("save_checkpoint", path)

@@ -15,7 +15,7 @@ import ray
 import torch
 from ray_helpers import lab_synthesis, metrics, quickstart_tiny, trained_groups
 
-from labrl.errors import PlacementError
+from labrl.errors import LearnerLostError, PlacementError
 from labrl.harness.config import build_run_config
 from labrl.harness.distributed.backend import actor_name
 from labrl.harness.pipeline.checkpoint import STATE_FILE, latest_checkpoint
@@ -143,6 +143,25 @@ async def test_a_lost_node_restarts_its_env_worker_elsewhere(ray_cluster, tmp_pa
     r = summary["ray"]
     assert r["env_worker_restarts"] >= 1 and r["episodes_resumed"] >= 1 and r["jobs_reattached"] >= 1
     assert r["mock/max_submits_per_job"] == 1 and r["mock/max_runs_per_job"] == 1
+
+
+async def test_losing_the_learner_stops_the_run_with_a_resumable_checkpoint(ray_cluster, tmp_path):
+    run = tmp_path / "learner"
+    cfg = build_run_config(quickstart_tiny(run, backend="ray", total_steps=50, checkpoint_every=1))
+
+    async def two_steps_done() -> bool:
+        return (run / "metrics.jsonl").exists() and len((run / "metrics.jsonl").read_text().splitlines()) >= 2
+
+    training = asyncio.ensure_future(train(cfg))
+    while not await two_steps_done():
+        await asyncio.sleep(0.2)
+    ray.kill(ray.get_actor(actor_name(str(run), "learner")), no_restart=True)
+    with pytest.raises(LearnerLostError, match=r"rerun the same command to resume from .*step_0000\d\d"):
+        await training
+    ckpt = latest_checkpoint(run)
+    assert ckpt is not None and int(ckpt.name.removeprefix("step_")) >= 2
+    state = torch.load(ckpt / STATE_FILE, weights_only=False)
+    assert state["step"] == len(state["trained_groups"]) // 2  # a consistent checkpoint: 2 groups per step
 
 
 @pytest.mark.timeout(180)  # a hang (Ray waiting on an unplaceable actor) fails here
