@@ -26,7 +26,16 @@ def ray_cluster():
     from ray.cluster_utils import Cluster
 
     ray_test_envs.register_all()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    cluster = None
+    for attempt in range(3):  # Ray gives a raylet 30 s to register: not always enough on 2 loaded cores
+        try:
+            cluster = Cluster(
+                initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False}
+            )
+            break
+        except Exception:
+            if attempt == 2:
+                raise
     ray.init(
         address=cluster.address,
         logging_level="WARNING",
