@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch first, pinned: an unpinned torch would pull the CUDA build
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e ".[dev,chgnet,dft]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,chgnet,dft,dist]"
 	touch $(STAMP)
 
 # The quickstart: a tiny MoE learns XRD phase identification on CPU (~10-15 min),

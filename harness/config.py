@@ -44,6 +44,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from labrl.errors import ConfigError
+from labrl.harness.distributed.config import RaySection
 from labrl.harness.learners.config import LearnerConfig, check_reference
 from labrl.harness.learners.config import ReferenceKind as ReferenceKind  # re-exported: public before
 from labrl.harness.models.config import MoEModelConfig, ParallelConfig, get_preset
@@ -54,6 +55,7 @@ from labrl.harness.samplers.sglang import SGLangSamplerConfig
 from labrl.harness.types import SamplingParams
 
 Mode = Literal["sync", "one_step_off", "pipeline"]
+Backend = Literal["inprocess", "ray"]
 OverlongMode = Literal["score", "filter", "force"]
 
 
@@ -255,6 +257,10 @@ class RunConfig(_Section):
     sft: SFTSection = Field(default_factory=SFTSection)
     seed: int = 0
     run_dir: str = "runs/default"
+    backend: Backend = Field(
+        default="inprocess", description="inprocess: one process; ray: actors on a Ray cluster (docs/ray.md)"
+    )
+    ray: RaySection = Field(default_factory=RaySection)
 
     @model_validator(mode="before")
     @classmethod
@@ -264,6 +270,16 @@ class RunConfig(_Section):
     @model_validator(mode="after")
     def _reference_matches_kl(self) -> RunConfig:
         check_reference(self.learner.reference, self.objective.kl_coef, prefix="learner.")
+        return self
+
+    @model_validator(mode="after")
+    def _sglang_servers_per_sampler_actor(self) -> RunConfig:
+        urls = self.sampler.sglang.urls
+        if self.backend == "ray" and self.sampler.kind == "sglang" and self.ray.samplers > len(urls):
+            raise ValueError(
+                f"ray.samplers={self.ray.samplers} sampler actors front {len(urls)} SGLang server(s): "
+                "each actor needs at least one of sampler.sglang.urls"
+            )
         return self
 
 

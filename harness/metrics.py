@@ -88,6 +88,7 @@ def summary_line(record: Mapping[str, Any], total_steps: int) -> str:
         f"tok/s {_fmt(record.get('throughput/tokens_per_s'), '.0f')}  "
         f"env p50/p99 {_fmt(record.get('env_latency/p50'), '.2f')}/{_fmt(record.get('env_latency/p99'), '.2f')} s  "
         f"eval {_fmt(record.get('eval/accuracy'))}  ETA {_fmt(eta / 60 if eta is not None else None, '.1f')} min"
+        + (f"  {record['health']}" if record.get("health") else "")
     )
 
 

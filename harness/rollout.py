@@ -25,6 +25,7 @@ that token.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +37,10 @@ from labrl.envs.runner import Episode, EpisodeTruncated, run_episode
 from labrl.envs.types import Message, Task, ToolSpec
 from labrl.harness.tokenizer import Tokenizer
 from labrl.harness.types import NO_VERSION, GenerateRequest, Sampler, SamplingParams, Trajectory
+
+#: index of the group member whose episode runs in this asyncio task (None outside ``rollout_group``);
+#: lets infrastructure under the env (the Ray lab gateway) tell a group's episodes apart
+current_member: contextvars.ContextVar[int | None] = contextvars.ContextVar("current_member", default=None)
 
 
 @dataclass
@@ -166,6 +171,7 @@ async def rollout_group(
     """
 
     async def one(i: int) -> Trajectory:
+        current_member.set(i)  # gather runs each member in its own task: the value stays in it
         env = make_env()
         member = sampling
         if sampling.seed is not None:

@@ -5,7 +5,8 @@ would reach for, so ``except ValueError`` still catches a bad config::
 
     LabrlError
     ├── ConfigError (ValueError)              bad config or argument: says what to fix
-    │   └── PatternFileError                  a measured-pattern file that cannot be read (file, line)
+    │   ├── PatternFileError                  a measured-pattern file that cannot be read (file, line)
+    │   └── PlacementError                    backend=ray: unknown resource or impossible placement
     ├── RegistryError (LookupError)           unknown or duplicate env id
     ├── EnvError (RuntimeError)               the environment itself failed -> outcome env_error
     │   └── TransientEnvError                 infrastructure hiccup: retried within the budget
@@ -23,7 +24,9 @@ would reach for, so ``except ValueError`` still catches a bad config::
     │   └── LabJobError                       the job ended without a result (failed, cancelled, expired)
     ├── JudgeError (RuntimeError)             rubric judges (labrl.verifiers.rubric)
     ├── SamplerError (RuntimeError)           samplers (local, SGLang)
-    └── LearnerError (RuntimeError)           learners
+    ├── LearnerError (RuntimeError)           learners
+    │   └── LearnerLostError                  backend=ray: the learner actor (or its node) died
+    └── WorkerLostError (RuntimeError)        backend=ray: every actor of a pool is gone for good
 
 All are picklable (they cross process-pool and Ray boundaries): each keeps its
 constructor arguments in ``args`` so the default ``__reduce__`` rebuilds it.
@@ -124,6 +127,18 @@ class LearnerError(LabrlError, RuntimeError):
     """The learner failed (model build, checkpoint, train step)."""
 
 
+class PlacementError(ConfigError):
+    """``backend=ray``: a resource no node has, or an actor / placement group that cannot be placed."""
+
+
+class LearnerLostError(LearnerError):
+    """``backend=ray``: the learner actor died; the run stops and resumes from its last checkpoint."""
+
+
+class WorkerLostError(LabrlError, RuntimeError):
+    """``backend=ray``: every env worker (or sampler) actor is dead and out of restarts."""
+
+
 __all__ = [
     "ConfigError",
     "EnvError",
@@ -141,11 +156,14 @@ __all__ = [
     "LabTransportError",
     "LabrlError",
     "LearnerError",
+    "LearnerLostError",
     "PatternFileError",
+    "PlacementError",
     "RegistryError",
     "SamplerError",
     "TransientEnvError",
     "VerifierError",
+    "WorkerLostError",
 ]
 
 

@@ -27,6 +27,7 @@ import secrets
 import shutil
 import tempfile
 import weakref
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,23 @@ _CONNECTIONS: weakref.WeakKeyDictionary[
 ] = weakref.WeakKeyDictionary()
 
 
+#: when set, ``connection`` returns what it makes instead of opening a lab connection in this process
+#: (``backend=ray``: every experiment goes through the lab-gateway actor, labrl.harness.distributed)
+_connection_factory: Callable[[LabSettings], Awaitable[Any]] | None = None
+
+
+def use_connection_factory(factory: Callable[[LabSettings], Awaitable[Any]] | None) -> None:
+    """Route this process's lab envs through ``factory`` (None: back to opening connections here)."""
+    global _connection_factory
+    _connection_factory = factory
+
+
+def open_connections() -> list[LabConnection]:
+    """The connections opened on the running loop (the lab gateway reports their counters)."""
+    per_loop = _CONNECTIONS.get(asyncio.get_running_loop(), {})
+    return [f.result() for f in per_loop.values() if f.done() and not f.cancelled() and f.exception() is None]
+
+
 def check_settings(settings: LabSettings) -> None:
     """Fail at env construction, not mid-episode, when a real lab's key is missing."""
     if settings.lab_url is not None and not os.environ.get(settings.api_key_env):
@@ -83,6 +101,8 @@ def check_settings(settings: LabSettings) -> None:
 
 async def connection(settings: LabSettings) -> LabConnection:
     """The shared connection for ``settings`` on the running loop (opened on first use)."""
+    if _connection_factory is not None:
+        return await _connection_factory(settings)
     loop = asyncio.get_running_loop()
     per_loop = _CONNECTIONS.setdefault(loop, {})
     future = per_loop.get(settings)

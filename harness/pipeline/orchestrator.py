@@ -39,13 +39,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from labrl.envs.base import Env
+from labrl.envs.types import Task
 from labrl.errors import LabrlError
 from labrl.harness.batching import collate
 from labrl.harness.config import PipelineSection
@@ -89,6 +90,10 @@ __all__ = [
 ]
 
 
+#: plays group ``index`` (G episodes of ``task``, member i seeded ``sampling.seed + i``); returns them in order
+GroupPlayer = Callable[[int, Task, SamplingParams], Awaitable[list[Trajectory]]]
+
+
 class PipelineStalledError(LabrlError, RuntimeError):
     """Dynamic sampling keeps dropping groups: the batch cannot fill with a learning signal.
 
@@ -121,6 +126,8 @@ class Orchestrator:
         return_routed_experts: bool = False,
         on_step: Callable[[dict[str, Any]], None] | None = None,
         on_eval: Callable[[dict[str, Any]], None] | None = None,
+        play_group: GroupPlayer | None = None,
+        step_extras: Callable[[], Awaitable[dict[str, Any]]] | None = None,
     ) -> None:
         self.cfg = cfg
         self.make_env = make_env
@@ -133,6 +140,9 @@ class Orchestrator:
         self.return_routed_experts = return_routed_experts
         self.on_step = on_step
         self.on_eval = on_eval
+        # where a group's episodes run: here (rollout_group) or on a remote env worker (backend=ray)
+        self.play_group: GroupPlayer = play_group or self._play_here
+        self.step_extras = step_extras
         self.max_staleness = {"sync": 0, "one_step_off": 1}.get(cfg.mode, cfg.max_staleness)
         self.defer_weight_sync = cfg.mode == "one_step_off"
         self.buffer = GroupBuffer(cfg.batch_groups, dynamic_sampling=cfg.dynamic_sampling)
@@ -297,10 +307,7 @@ class Orchestrator:
             sampling = self.sampling.model_copy(
                 update={"seed": sampling_seed(self.seed, index, self.cfg.group_size)}
             )
-            trajectories = await rollout_group(
-                self.make_env, task, self.sampler, self.tokenizer, sampling, self.cfg.group_size,
-                return_routed_experts=self.return_routed_experts,
-            )  # fmt: skip
+            trajectories = await self.play_group(index, task, sampling)
             processed = []
             for t in trajectories:
                 t, flags = process_overlong(t, self.cfg.overlong, self.sampling.max_new_tokens)
@@ -327,6 +334,12 @@ class Orchestrator:
             self._wake.set()
             if self.defer_weight_sync and not self._inflight and self._pending_weights is not None:
                 asyncio.get_running_loop().create_task(self._sync_weights())
+
+    async def _play_here(self, index: int, task: Task, sampling: SamplingParams) -> list[Trajectory]:
+        return await rollout_group(
+            self.make_env, task, self.sampler, self.tokenizer, sampling, self.cfg.group_size,
+            return_routed_experts=self.return_routed_experts,
+        )  # fmt: skip
 
     # -- trainer ------------------------------------------------------------------
 
@@ -378,6 +391,8 @@ class Orchestrator:
             record["eta_s"] = timer.eta_s(self.step, self.cfg.total_steps)
             if self.eval_history:
                 record["eval/accuracy"] = self.eval_history[-1]["accuracy"]
+            if self.step_extras is not None:
+                record.update(await self.step_extras())
             if self.on_step is not None:
                 self.on_step(record)
             await self._periodic_eval_and_checkpoint()

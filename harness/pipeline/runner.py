@@ -26,6 +26,8 @@ import asyncio
 import json
 import signal
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -80,27 +82,73 @@ def initialise_from_hf(learner, path: str, model_cfg) -> None:
 
 
 async def build_sampler(cfg: RunConfig, learner, tokenizer: Tokenizer):
+    """The run's sampler, holding the learner's current weights and version."""
+    return await build_sampler_from(cfg, learner.export_weights(), learner.version, tokenizer)
+
+
+async def build_sampler_from(
+    cfg: RunConfig, weights, version: int, tokenizer: Tokenizer, *, sglang_urls: tuple[str, ...] | None = None
+):
+    """The run's sampler holding ``weights`` as policy ``version`` (a Ray sampler actor builds its own here).
+
+    ``sglang_urls`` narrows ``sampler.sglang.urls`` to the servers one sampler actor fronts.
+    """
     components = run_components(cfg, tokenizer)
     model_cfg = components.model
     if isinstance(components.sampler, LocalSamplerConfig):
         from labrl.harness.samplers.local import LocalSampler
 
-        sampler = LocalSampler(
-            model_cfg, components.sampler, weights=learner.export_weights(), version=learner.version
-        )
+        sampler = LocalSampler(model_cfg, components.sampler, weights=weights, version=version)
     else:
         from labrl.harness.samplers.sglang import make_sglang_sampler
 
+        sglang_cfg = components.sampler
+        if sglang_urls is not None:  # the servers one Ray sampler actor fronts
+            sglang_cfg = sglang_cfg.model_copy(update={"urls": tuple(sglang_urls)})
         # both transports move hf_export.hf_weights of the learner's weights (HF names, training dtype)
-        sampler = make_sglang_sampler(components.sampler, model_cfg)
+        sampler = make_sglang_sampler(sglang_cfg, model_cfg)
         # The servers hold whatever they were launched with (or a previous run's weights):
         # set them to the learner's weights and version, which may not be newer.
         await sampler.start()
-        await sampler.update_weights(learner.export_weights(), learner.version, force=True)
+        await sampler.update_weights(weights, version, force=True)
     overlong = cfg.pipeline.overlong
     if overlong.mode == "force":
         sampler = BudgetForcingSampler(sampler, tokenizer.encode(overlong.cue), overlong.answer_tokens)
     return sampler
+
+
+@dataclass
+class RunParts:
+    """What a backend builds for ``train``: the learner and sampler the orchestrator drives, and hooks."""
+
+    learner: Any
+    sampler: Any
+    sft_s: float = 0.0
+    play_group: Any = None  # Orchestrator's group player; None: rollout_group in this process
+    step_extras: Any = None  # async () -> dict merged into each step record
+    close: Callable[[], Awaitable[dict[str, Any]]] = field(default=lambda: _nothing())
+
+
+async def _nothing() -> dict[str, Any]:
+    return {}
+
+
+async def start_inprocess(
+    cfg: RunConfig, tokenizer: Tokenizer, make_env, *, resume: bool, on_sft
+) -> RunParts:
+    """Learner and sampler in this process (the default backend); warm start unless resuming."""
+    learner = build_learner(cfg)
+    if not resume and cfg.model.init_from_hf is not None:  # a resumed run loads its own checkpoint
+        initialise_from_hf(learner, cfg.model.init_from_hf, cfg.model.resolve())
+    sft_s = 0.0
+    if not resume and cfg.sft.enabled:
+        from labrl.harness.sft import run_sft
+
+        t0 = time.perf_counter()
+        await run_sft(learner.model, make_env, tokenizer, cfg.sft, seed=cfg.seed, on_step=on_sft)
+        sft_s = time.perf_counter() - t0
+    sampler = await build_sampler(cfg, learner, tokenizer)
+    return RunParts(learner=learner, sampler=sampler, sft_s=sft_s)
 
 
 async def train(cfg: RunConfig, *, fresh: bool = False, progress: bool | None = None) -> dict[str, Any]:
@@ -126,26 +174,24 @@ async def train(cfg: RunConfig, *, fresh: bool = False, progress: bool | None = 
     show = cfg.pipeline.progress if progress is None else progress
     live = LiveProgress(cfg.pipeline.total_steps, rich_view=show)
     started = time.perf_counter()
-    learner = build_learner(cfg)
-    if ckpt is None and cfg.model.init_from_hf is not None:  # a resumed run loads its own checkpoint
-        initialise_from_hf(learner, cfg.model.init_from_hf, model_cfg)
-    sft_s = 0.0
-    if ckpt is None and cfg.sft.enabled:
-        from labrl.harness.sft import run_sft
+    sft_writer = JsonlWriter(run_dir / "sft.jsonl") if ckpt is None and cfg.sft.enabled else None
+    every = max(1, cfg.sft.steps // 5)
 
-        writer = JsonlWriter(run_dir / "sft.jsonl")
-        every = max(1, cfg.sft.steps // 5)
+    def on_sft(r: dict[str, Any]) -> None:
+        assert sft_writer is not None
+        sft_writer.write(r)
+        if r["sft_step"] % every == 0:
+            live.message(f"sft step {r['sft_step']}/{cfg.sft.steps}  loss {r['loss']:.3f}")
 
-        def on_sft(r: dict[str, Any]) -> None:
-            writer.write(r)
-            if r["sft_step"] % every == 0:
-                live.message(f"sft step {r['sft_step']}/{cfg.sft.steps}  loss {r['loss']:.3f}")
+    if cfg.backend == "ray":
+        from labrl.harness.distributed.backend import start_ray
 
-        t0 = time.perf_counter()
-        await run_sft(learner.model, make_env, tokenizer, cfg.sft, seed=cfg.seed, on_step=on_sft)
-        sft_s = time.perf_counter() - t0
-        writer.close()
-    sampler = await build_sampler(cfg, learner, tokenizer)
+        parts = await start_ray(cfg, tokenizer=tokenizer, resume=ckpt is not None, on_sft=on_sft)
+    else:
+        parts = await start_inprocess(cfg, tokenizer, make_env, resume=ckpt is not None, on_sft=on_sft)
+    if sft_writer is not None:
+        sft_writer.close()
+    learner, sampler = parts.learner, parts.sampler
     metrics = JsonlWriter(run_dir / "metrics.jsonl")
     evals = JsonlWriter(run_dir / "eval.jsonl")
 
@@ -175,6 +221,8 @@ async def train(cfg: RunConfig, *, fresh: bool = False, progress: bool | None = 
             return_routed_experts=cfg.learner.router_replay,
             on_step=on_step,
             on_eval=on_eval,
+            play_group=parts.play_group,
+            step_extras=parts.step_extras,
         )
         if ckpt is not None:
             await orch.resume(ckpt)
@@ -191,15 +239,18 @@ async def train(cfg: RunConfig, *, fresh: bool = False, progress: bool | None = 
             loop.remove_signal_handler(sig)
         if isinstance(sampler, Closeable):  # SGLangSampler's HTTP client; BudgetForcingSampler passes it on
             await sampler.close()
+        backend_summary = await parts.close()
         live.close()
         metrics.close()
         evals.close()
     summary = {
         **result,
         "total_wall_s": time.perf_counter() - started,
-        "sft_s": sft_s,
+        "sft_s": parts.sft_s,
         "interrupted": orch.step < cfg.pipeline.total_steps,
         "eval_history": orch.eval_history,
+        "backend": cfg.backend,
+        **({"ray": backend_summary} if backend_summary else {}),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary

@@ -1,0 +1,251 @@
+"""The bodies of the actors of a ``backend=ray`` run (plain classes; ``backend`` wraps them with ``ray.remote``).
+
+=============== ======================= ===============================================
+actor           placed                  holds
+=============== ======================= ===============================================
+``Control``     head node (the driver's) current policy (version, weights ref); actor starts
+``LabGateway``  head node               lab connection + journal + episode transcripts
+``LearnerActor`` its GPUs (placement     ``MegatronLearner``: train_step, export, checkpoints
+                group) or CPUs
+``SamplerActor`` ``ray.samplers`` x      local sampler, or ``SGLangSampler`` fronting its URLs
+``EnvWorker``   ``ray.env_workers`` x    many concurrent groups through ``rollout_group``
+=============== ======================= ===============================================
+
+Each builds its component with the in-process builders (``labrl.harness.pipeline.runner``)
+from the run config, so both backends run one code path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from labrl.envs.types import Task
+from labrl.harness.types import GenerateRequest, GenerateResult, SamplingParams, TrainBatch, Trajectory
+
+
+def _config(cfg_data: dict[str, Any]):
+    from labrl.harness.config import build_run_config
+
+    return build_run_config(cfg_data)
+
+
+class Control:
+    """The current policy (version and a ref to its weights) and how often each actor has started.
+
+    A sampler actor that (re)starts loads the policy from here before it serves,
+    so a restarted sampler is never behind the run; ``starts`` minus one per
+    actor is its restart count.
+    """
+
+    def __init__(self) -> None:
+        self.version = -1
+        self.weights: list[Any] = []  # [ObjectRef]: nested, so Ray passes the ref instead of the value
+        self.starts: Counter[str] = Counter()
+
+    def set_policy(self, version: int, weights: list[Any]) -> None:
+        if version >= self.version:
+            self.version, self.weights = version, list(weights)
+
+    def policy(self) -> tuple[int, list[Any]]:
+        return self.version, self.weights
+
+    def started(self, name: str) -> int:
+        self.starts[name] += 1
+        return self.starts[name]
+
+    def restarts(self) -> dict[str, int]:
+        return {name: n - 1 for name, n in self.starts.items()}
+
+    def ping(self) -> bool:
+        return True
+
+
+class LearnerActor:
+    """``MegatronLearner`` built as in-process; ``train_step`` returns (metrics, version)."""
+
+    def __init__(self, cfg_data: dict[str, Any]) -> None:
+        from labrl.harness.pipeline.runner import build_learner
+
+        self.cfg = _config(cfg_data)
+        torch.set_num_threads(self.cfg.pipeline.torch_threads)
+        torch.manual_seed(self.cfg.seed)  # as train() does before building the learner in-process
+        self.learner = build_learner(self.cfg)
+
+    def version(self) -> int:
+        return self.learner.version
+
+    def warm_start(self, init_from_hf: bool) -> tuple[list[dict[str, Any]], float]:
+        """``model.init_from_hf`` weights and the format-only SFT of a fresh run; (sft records, sft seconds)."""
+        from labrl.harness.pipeline.runner import build_tokenizer, initialise_from_hf, make_env_factory
+
+        if init_from_hf and self.cfg.model.init_from_hf is not None:
+            initialise_from_hf(self.learner, self.cfg.model.init_from_hf, self.cfg.model.resolve())
+        records: list[dict[str, Any]] = []
+        if not self.cfg.sft.enabled:
+            return records, 0.0
+        from labrl.harness.sft import run_sft
+
+        t0 = time.perf_counter()
+        asyncio.run(
+            run_sft(
+                self.learner.model, make_env_factory(self.cfg), build_tokenizer(self.cfg), self.cfg.sft,
+                seed=self.cfg.seed, on_step=records.append,
+            )
+        )  # fmt: skip
+        return records, time.perf_counter() - t0
+
+    def train_step(self, batch: TrainBatch) -> tuple[dict[str, float], int]:
+        metrics = self.learner.train_step(batch)
+        return metrics, self.learner.version
+
+    def export_weights(self) -> list[Any]:
+        """``[ref]`` to the exported state dict, put by this actor (nested, so the caller gets the ref)."""
+        import ray
+
+        return [ray.put(self.learner.export_weights())]
+
+    def save_checkpoint(self, path: str) -> None:
+        self.learner.save_checkpoint(path)
+
+    def load_checkpoint(self, path: str) -> int:
+        self.learner.load_checkpoint(path)
+        return self.learner.version
+
+
+class SamplerActor:
+    """A sampler (local, or SGLang fronting ``urls``) that loads the current policy from ``Control`` first.
+
+    The sampler is built on the first call after each (re)start, from the
+    policy ``Control`` holds then: a restarted actor serves nothing before it
+    is re-synced to the run's current version.
+    """
+
+    def __init__(
+        self, cfg_data: dict[str, Any], control: Any, name: str, urls: tuple[str, ...] | None = None
+    ) -> None:
+        self.cfg = _config(cfg_data)
+        self.control = control
+        self.name = name
+        self.urls = urls
+        self.sampler: Any = None
+        self._starting: asyncio.Task | None = None
+        torch.set_num_threads(self.cfg.pipeline.torch_threads)
+
+    async def _ready(self) -> Any:
+        if self.sampler is None:
+            if self._starting is None:
+                self._starting = asyncio.ensure_future(self._start())
+            await asyncio.shield(self._starting)
+        return self.sampler
+
+    async def _start(self) -> None:
+        from labrl.harness.pipeline.runner import build_sampler_from, build_tokenizer
+
+        await self.control.started.remote(self.name)
+        version, refs = await self.control.policy.remote()
+        weights = await refs[0]
+        self.sampler = await build_sampler_from(
+            self.cfg, weights, version, build_tokenizer(self.cfg), sglang_urls=self.urls
+        )
+
+    async def ready(self) -> int:
+        return (await self._ready()).version
+
+    async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+        return await (await self._ready()).generate(requests)
+
+    async def update_weights(
+        self, weights: dict[str, torch.Tensor], version: int, force: bool = False
+    ) -> int:
+        sampler = await self._ready()
+        if force or version > sampler.version:
+            await sampler.update_weights(weights, version, force=force)
+        return sampler.version
+
+    async def pid(self) -> int:
+        return os.getpid()
+
+
+@dataclass
+class GroupResult:
+    """One group's trajectories (one object-store transfer for G episodes) and what its playing took."""
+
+    trajectories: list[Trajectory]
+    counters: dict[str, int] = field(default_factory=dict)
+    payload_bytes: int = 0
+
+
+class EnvWorker:
+    """Plays groups: ``rollout_group`` with envs made here and generations from the sampler actors."""
+
+    def __init__(
+        self, cfg_data: dict[str, Any], samplers: list[Any], gateway: Any, control: Any, name: str,
+        reissue_timeout_s: float,
+    ) -> None:  # fmt: skip
+        from labrl.envs.lab.session import use_connection_factory
+        from labrl.harness.distributed.clients import RemoteSampler
+        from labrl.harness.distributed.lab_gateway import gateway_factory
+        from labrl.harness.distributed.transcripts import TranscriptSampler
+        from labrl.harness.pipeline.runner import build_tokenizer, make_env_factory
+
+        self.cfg = _config(cfg_data)
+        torch.set_num_threads(1)
+        use_connection_factory(gateway_factory(gateway))
+        self.make_env = make_env_factory(self.cfg)
+        self.tokenizer = build_tokenizer(self.cfg)
+        self.remote = RemoteSampler(
+            samplers, reissue_timeout_s=reissue_timeout_s, coalesce_s=self.cfg.ray.generate_coalesce_s
+        )
+        self.sampler = TranscriptSampler(self.remote)
+        self.gateway = gateway
+        self.control = control
+        self.name = name
+        self._registered = False
+
+    async def play_group(
+        self, index: int, task: Task, sampling: SamplingParams, resume: bool = False
+    ) -> GroupResult:
+        from labrl.harness.distributed.transcripts import GroupTranscript, current_group
+        from labrl.harness.rollout import rollout_group
+
+        await self.ready()
+        saved = await self.gateway.saved.remote(index) if resume else {}
+        group = GroupTranscript(index, saved)
+        size = self.cfg.pipeline.group_size
+
+        async def play() -> list[Trajectory]:
+            current_group.set(group)  # this task and the member tasks it starts
+            return await rollout_group(
+                self.make_env, task, self.sampler, self.tokenizer, sampling, size,
+                return_routed_experts=self.cfg.learner.router_replay,
+            )  # fmt: skip
+
+        trajectories = await asyncio.ensure_future(play())
+        counters = dict(group.counters)
+        if resume:
+            resumed = sum(group.resumed(m) for m in range(size))
+            counters["episodes_resumed"] = resumed
+            counters["episodes_rerun"] = size - resumed
+        payload = len(pickle.dumps(trajectories, protocol=5))
+        return GroupResult(trajectories, counters, payload)
+
+    async def ready(self) -> int:
+        """The pid, once this incarnation is counted by ``Control`` (async, so not in ``__init__``)."""
+        if not self._registered:
+            self._registered = True
+            await self.control.started.remote(self.name)
+        return os.getpid()
+
+    async def stats(self) -> dict[str, int]:
+        return dict(self.remote.counters)
+
+    async def pid(self) -> int:
+        return os.getpid()

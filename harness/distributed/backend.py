@@ -1,0 +1,265 @@
+"""``backend=ray``: start the actors of a run and hand ``train`` the same interfaces as in-process.
+
+::
+
+    driver (orchestrator, eval) ──play_group──▶ EnvWorker × ray.env_workers ──generate──▶ SamplerActor × ray.samplers
+          │  train_step(batch)                        │ lab calls + transcripts                  ▲ weights ref
+          ▼                                           ▼                                          │ (versioned)
+      LearnerActor (placement group over its GPUs)  LabGateway (head node: journal)       Control (head node)
+
+Per step: one group result per group (G episodes, one transfer), one batch to
+the learner, one weights ref published (``Control`` then every sampler). The
+orchestrator, buffer, admission and rollout code are the in-process ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from labrl.harness.config import RunConfig
+from labrl.harness.distributed.actors import Control, EnvWorker, LearnerActor, SamplerActor
+from labrl.harness.distributed.clients import EnvWorkerPool, LearnerClient, RemoteSampler
+from labrl.harness.distributed.config import RaySection
+from labrl.harness.distributed.lab_gateway import LabGateway, gateway_factory
+from labrl.harness.distributed.placement import Demand, check_placement, cluster_nodes, wait_placed
+from labrl.harness.tokenizer import Tokenizer
+
+
+def actor_name(run_dir: str, role: str) -> str:
+    """The Ray name of a run's actor (``env0``, ``sampler0``, ``learner``, ``gateway``): ``ray.get_actor`` finds it."""
+    return f"labrl:{Path(run_dir).resolve()}:{role}"
+
+
+def demands(cfg: RunConfig) -> list[Demand]:
+    """What the run asks of the cluster, per role (``check_placement`` input)."""
+    r = cfg.ray
+
+    def res(cpus: float, gpus: float, custom: dict[str, float]) -> dict[str, float]:
+        out = {k: v for k, v in custom.items() if v > 0}
+        if cpus > 0:
+            out["CPU"] = cpus
+        if gpus > 0:
+            out["GPU"] = gpus
+        return out
+
+    return [
+        Demand("learner", 1, res(r.learner_cpus, r.learner_gpus, r.learner_resources)),
+        Demand("sampler", r.samplers, res(r.cpus_per_sampler, r.gpus_per_sampler, r.sampler_resources)),
+        Demand("env worker", r.env_workers, res(r.cpus_per_env_worker, 0, r.env_worker_resources)),
+    ]
+
+
+def connect(r: RaySection) -> bool:
+    """Join ``ray.address`` or start a local Ray; True when this call started it (and must shut it down)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": "WARNING"}
+    if r.address is None:
+        kwargs["num_cpus"] = r.num_cpus
+    else:
+        kwargs["address"] = r.address
+    ray.init(**kwargs)
+    return True
+
+
+def _head_affinity() -> Any:
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+
+
+def _learner_options(r: RaySection) -> tuple[dict[str, Any], Any]:
+    """Actor options of the learner; with GPUs, a placement group holding them (one bundle: one process)."""
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    options: dict[str, Any] = {
+        "num_cpus": r.learner_cpus,
+        "resources": dict(r.learner_resources),
+        "max_restarts": 0,
+    }
+    if r.learner_gpus == 0:
+        return options, None
+    bundle = {"CPU": r.learner_cpus, "GPU": float(r.learner_gpus)} | dict(r.learner_resources)
+    pg = placement_group([{k: v for k, v in bundle.items() if v > 0}], strategy="STRICT_PACK")
+    if not pg.wait(r.placement_timeout_s):
+        from labrl.errors import PlacementError
+
+        raise PlacementError(
+            f"learner placement group {bundle} not ready within ray.placement_timeout_s={r.placement_timeout_s:g} s"
+        )
+    options |= {
+        "num_gpus": r.learner_gpus,
+        "scheduling_strategy": PlacementGroupSchedulingStrategy(
+            placement_group=pg, placement_group_bundle_index=0
+        ),
+    }
+    return options, pg
+
+
+async def start_ray(cfg: RunConfig, *, tokenizer: Tokenizer, resume: bool, on_sft: Callable[[dict], None]):
+    """Connect, check placement, start the actors; the ``RunParts`` of ``train``."""
+    import ray
+
+    from labrl.envs.lab.session import use_connection_factory
+    from labrl.harness.pipeline.runner import RunParts
+
+    r = cfg.ray
+    started_ray = await asyncio.to_thread(connect, r)
+    check_placement(demands(cfg), await asyncio.to_thread(cluster_nodes))
+    data = cfg.model_dump(mode="json")
+    created: list[Any] = []
+    pgs: list[Any] = []
+
+    def new(cls: type, **options: Any) -> Any:
+        return ray.remote(cls).options(**options)
+
+    def name(role: str) -> str:
+        return actor_name(cfg.run_dir, role)
+
+    try:
+        head = _head_affinity()
+        control = new(Control, num_cpus=0, scheduling_strategy=head, name=name("control")).remote()
+        gateway = new(
+            LabGateway, num_cpus=0, scheduling_strategy=head, max_restarts=-1, max_concurrency=100_000,
+            name=name("gateway"),
+        ).remote()  # fmt: skip
+        created += [control, gateway]
+        learner_options, pg = await asyncio.to_thread(_learner_options, r)
+        pgs += [pg] if pg is not None else []
+        learner_actor = new(LearnerActor, name=name("learner"), **learner_options).remote(data)
+        created.append(learner_actor)
+        _, _, version = await asyncio.to_thread(
+            wait_placed,
+            [control.ping.remote(), gateway.ping.remote(), learner_actor.version.remote()],
+            r.placement_timeout_s,
+            "the learner actor (or the head-node actors)",
+        )
+        sft_s = 0.0
+        if not resume:
+            records, sft_s = await learner_actor.warm_start.remote(cfg.model.init_from_hf is not None)
+            for record in records:
+                on_sft(record)
+        version = await learner_actor.version.remote()  # after the warm start
+        learner = LearnerClient(learner_actor, cfg.run_dir, version)
+        await control.set_policy.remote(learner.version, [await asyncio.to_thread(learner.export_weights)])
+        urls = cfg.sampler.sglang.urls
+        samplers = [
+            new(
+                SamplerActor, num_cpus=r.cpus_per_sampler, num_gpus=r.gpus_per_sampler,
+                resources=dict(r.sampler_resources), max_restarts=r.sampler_max_restarts,
+                max_concurrency=100_000, name=name(f"sampler{i}"),
+            ).remote(data, control, f"sampler{i}", tuple(urls[i :: r.samplers]) if cfg.sampler.kind == "sglang" else None)
+            for i in range(r.samplers)
+        ]  # fmt: skip
+        created += samplers
+        await asyncio.to_thread(
+            wait_placed,
+            [s.ready.remote() for s in samplers],
+            r.placement_timeout_s,
+            f"{r.samplers} sampler actor(s)",
+        )
+        sampler = RemoteSampler(
+            samplers, control, reissue_timeout_s=r.reissue_timeout_s, coalesce_s=r.generate_coalesce_s
+        )
+        sampler._version = learner.version
+        workers = [
+            new(
+                EnvWorker, num_cpus=r.cpus_per_env_worker, resources=dict(r.env_worker_resources),
+                max_restarts=r.env_worker_max_restarts, max_concurrency=100_000, name=name(f"env{i}"),
+                **({"scheduling_strategy": "SPREAD"} if r.spread_env_workers else {}),
+            ).remote(data, samplers, gateway, control, f"env{i}", r.reissue_timeout_s)
+            for i in range(r.env_workers)
+        ]  # fmt: skip
+        created += workers
+        await asyncio.to_thread(
+            wait_placed,
+            [w.ready.remote() for w in workers],
+            r.placement_timeout_s,
+            f"{r.env_workers} env worker(s)",
+        )
+    except BaseException:
+        for handle in created:
+            ray.kill(handle, no_restart=True)
+        if started_ray:
+            ray.shutdown()
+        raise
+    use_connection_factory(gateway_factory(gateway))  # the driver's eval episodes call the lab through it too
+    pool = EnvWorkerPool(workers, gateway)
+    monitor = RayMonitor(pool, sampler, control, gateway, learner)
+
+    async def close() -> dict[str, Any]:
+        summary = await monitor.summary()
+        pool.liveness.close()
+        sampler.liveness.close()
+        use_connection_factory(None)
+        for handle in created:
+            ray.kill(handle, no_restart=True)
+        for group in pgs:
+            ray.util.remove_placement_group(group)
+        if started_ray:
+            ray.shutdown()
+        return summary
+
+    return RunParts(
+        learner=learner, sampler=sampler, sft_s=sft_s, play_group=pool.play, step_extras=monitor.step_record,
+        close=close,
+    )  # fmt: skip
+
+
+class RayMonitor:
+    """The ``ray/*`` numbers of each step record and the per-actor health of the progress line."""
+
+    def __init__(
+        self, pool: EnvWorkerPool, sampler: RemoteSampler, control: Any, gateway: Any, learner
+    ) -> None:
+        self.pool, self.sampler, self.control, self.gateway, self.learner = (
+            pool,
+            sampler,
+            control,
+            gateway,
+            learner,
+        )
+        self._last_payload = 0
+        self._t = time.perf_counter()
+
+    async def counters(self) -> dict[str, Any]:
+        restarts, lab = await asyncio.gather(self.control.restarts.remote(), self.gateway.stats.remote())
+        out: dict[str, Any] = {f"ray/{k}": v for k, v in self.pool.counters.items()}
+        out["ray/env_worker_restarts"] = sum(v for k, v in restarts.items() if k.startswith("env"))
+        out["ray/sampler_restarts"] = sum(v for k, v in restarts.items() if k.startswith("sampler"))
+        out["ray/requests_reissued_driver"] = self.sampler.counters["requests_reissued"]
+        out["ray/jobs_reattached"] = lab.get("jobs_reattached", 0)
+        out["ray/lab_calls"] = lab.get("lab_calls", 0)
+        for k, v in lab.items():
+            if k.startswith(("mock/", "journal/")):
+                out[f"ray/{k}"] = v
+        return out
+
+    async def step_record(self) -> dict[str, Any]:
+        out = await self.counters()
+        out["ray/group_payload_bytes"] = self.pool.payload_bytes - self._last_payload
+        self._last_payload = self.pool.payload_bytes
+        env = self.pool.health()
+        samplers_up = len(self.sampler.actors) - len(self.sampler.down)
+        out["ray/env_workers_up"] = env["up"]
+        out["ray/samplers_up"] = samplers_up
+        out["health"] = (
+            f"ray: env {env['up']}/{env['total']} (restarts {out['ray/env_worker_restarts']})  "
+            f"samplers {samplers_up}/{len(self.sampler.actors)} (restarts {out['ray/sampler_restarts']})  "
+            f"learner up  lab jobs re-attached {out['ray/jobs_reattached']}"
+        )
+        return out
+
+    async def summary(self) -> dict[str, Any]:
+        try:
+            return {k.removeprefix("ray/"): v for k, v in (await self.counters()).items()}
+        except Exception as exc:  # the cluster may be half gone when a run fails
+            return {"error": f"{type(exc).__name__}: {exc}"}

@@ -1,0 +1,143 @@
+"""The lab gateway: one actor on the head node that owns the lab connection and its journal.
+
+Env workers come and go (restarts, lost nodes); the record of what was paid
+for must not. So under ``backend=ray`` no env worker talks to a lab: each
+process installs ``GatewayConnection`` as the lab envs' connection
+(``labrl.envs.lab.session.use_connection_factory``) and every experiment is a
+call to the gateway, which runs it through the one ``JournaledLab`` (journal
+committed before the request goes out, idempotency keys, exactly-once
+delivery) exactly as an in-process run does.
+
+The call carries the episode's transcript (``transcripts``): the gateway keeps
+it until the driver has the group's trajectories (``release``), so a group
+replayed after its worker died resumes the episodes that had a lab job from
+their transcripts and re-attaches to those jobs (the journal and the lab see
+the same idempotency key; ``JournaledLab`` joins the running driver of the key
+or returns its delivered result).
+
+What a head-node loss costs: Ray's control store (GCS) is on the head, so the
+cluster and the run stop. The journal is a file (``journal_path`` of the lab
+env, default ``runs/lab/journal.sqlite`` on the head's disk) and survives: the
+rerun resumes from the last checkpoint and ``JournaledLab`` re-attaches to
+every journaled job. The transcripts are in the gateway's memory and do not
+survive: the groups in flight are re-run, so jobs they had running are paid
+but their results go untrained.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from labrl.envs.lab.session import LabSettings, connection, open_connections
+from labrl.harness.distributed.transcripts import SavedTurn, current_group
+from labrl.harness.rollout import current_member
+
+
+class LabGateway:
+    """The actor's body (``ray.remote(LabGateway)``); plain methods, unit-testable without Ray."""
+
+    def __init__(self) -> None:
+        self.transcripts: dict[int, dict[int, list[SavedTurn]]] = {}
+        self.group_keys: dict[int, set[str]] = {}
+        self.counters: Counter[str] = Counter()
+
+    async def run(
+        self,
+        settings: LabSettings,
+        request: dict[str, Any],
+        key: str,
+        group: int | None = None,
+        member: int | None = None,
+        transcript: Sequence[SavedTurn] | None = None,
+        resumed: bool = False,
+    ) -> Any:
+        """Run one experiment through the journaled lab; keep the episode's transcript first."""
+        if group is not None and member is not None and transcript is not None:
+            self.transcripts.setdefault(group, {})[member] = list(transcript)
+            keys = self.group_keys.setdefault(group, set())
+            if resumed and key in keys:
+                self.counters["jobs_reattached"] += 1
+            keys.add(key)
+        self.counters["lab_calls"] += 1
+        conn = await connection(settings)
+        return await conn.lab.run(request, key)
+
+    async def saved(self, group: int) -> dict[int, list[SavedTurn]]:
+        """The transcripts kept for ``group`` (member -> turns); empty when none had a lab job."""
+        return dict(self.transcripts.get(group, {}))
+
+    async def release(self, groups: Sequence[int]) -> None:
+        """The driver holds these groups' trajectories: their transcripts are no longer needed."""
+        for g in groups:
+            self.transcripts.pop(g, None)
+            self.group_keys.pop(g, None)
+
+    async def stats(self) -> dict[str, Any]:
+        """Gateway counters, the journaled labs' counters and, for the in-process mock lab, its own counts."""
+        out: dict[str, Any] = dict(self.counters)
+        out["transcripts_held"] = sum(len(v) for v in self.transcripts.values())
+        for conn in open_connections():
+            for name, value in conn.lab.stats.items():
+                out[f"journal/{name}"] = out.get(f"journal/{name}", 0) + value
+            if conn.mock is not None:
+                jobs = list(conn.mock.lab.store.jobs.values())
+                out["mock/jobs"] = out.get("mock/jobs", 0) + len(jobs)
+                out["mock/max_submits_per_job"] = max(
+                    [out.get("mock/max_submits_per_job", 0)] + [j.submits for j in jobs]
+                )
+                out["mock/max_runs_per_job"] = max(
+                    [out.get("mock/max_runs_per_job", 0)] + [j.runs for j in jobs]
+                )
+                out["mock/keys"] = out.get("mock/keys", 0) + len({j.key for j in jobs})
+        return out
+
+    async def ping(self) -> bool:
+        return True
+
+
+class _GatewayLab:
+    """What a lab env calls (``conn.lab.run``), forwarded to the gateway actor with the episode's transcript."""
+
+    def __init__(self, gateway: Any, settings: LabSettings) -> None:
+        self.gateway = gateway
+        self.settings = settings
+
+    async def run(self, request: dict[str, Any], key: str) -> Any:
+        group, member = current_group.get(), current_member.get()
+        transcript = None
+        resumed = False
+        if group is not None and member is not None:
+            transcript = list(group.turns.get(member, ()))
+            resumed = group.resumed(member)
+        ref = self.gateway.run.remote(
+            self.settings,
+            request,
+            key,
+            group.index if group is not None else None,
+            member,
+            transcript,
+            resumed,
+        )
+        return await ref
+
+
+class GatewayConnection:
+    """Stands in for ``LabConnection`` in an env worker: only ``lab.run`` is used by the lab envs."""
+
+    def __init__(self, gateway: Any, settings: LabSettings) -> None:
+        self.lab = _GatewayLab(gateway, settings)
+        self.mock = None
+
+    async def aclose(self) -> None:
+        return None
+
+
+def gateway_factory(gateway: Any):
+    """The connection factory to install in a process whose lab envs must go through ``gateway``."""
+
+    async def factory(settings: LabSettings) -> GatewayConnection:
+        return GatewayConnection(gateway, settings)
+
+    return factory
