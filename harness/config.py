@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
 import typing
 import warnings
 from dataclasses import dataclass
@@ -205,24 +206,46 @@ class OverlongSection(_Section):
     penalty: float = Field(default=1.0, ge=0.0)
 
 
+# Upper bounds of sizes that are allocated or started up front: far above any machine's need, low
+# enough that a typo (an extra zero, 1e9) is a ConfigError instead of an OOM or a hang.
+MAX_CONCURRENT_EPISODES = 65_536
+MAX_EVAL_SIZE = 100_000
+MAX_TORCH_THREADS = 1024  # torch.set_num_threads(100000) raises SystemError
+
+
 class PipelineSection(_Section):
     mode: Mode = "pipeline"
-    batch_groups: int = Field(default=8, ge=1, description="groups (tasks) per learner step")
-    group_size: int = Field(default=8, ge=2, description="G: rollouts per task")
+    batch_groups: int = Field(default=8, ge=1, le=65_536, description="groups (tasks) per learner step")
+    group_size: int = Field(default=8, ge=2, le=4096, description="G: rollouts per task")
     max_staleness: int = Field(default=4, ge=0, description="admission bound on learner-version lag")
-    max_concurrent_episodes: int = Field(default=256, ge=1)
-    total_steps: int = Field(default=100, ge=1)
+    max_concurrent_episodes: int = Field(
+        default=256, ge=1, le=MAX_CONCURRENT_EPISODES, description="episodes running at once"
+    )
+    total_steps: int = Field(default=100, ge=1, le=10**8)
     dynamic_sampling: bool = Field(default=True, description="drop zero-variance groups and oversample")
     max_oversample_factor: float = Field(
         default=8.0, ge=1.0, description="stop if more than this many groups per needed group were dropped"
     )
     overlong: OverlongSection = Field(default_factory=OverlongSection)
     eval_every: int = Field(default=10, ge=0, description="0 disables periodic evaluation")
-    eval_size: int = Field(default=64, ge=1, description="test-split tasks per evaluation")
+    eval_size: int = Field(
+        default=64,
+        ge=1,
+        le=MAX_EVAL_SIZE,
+        description="test-split tasks per evaluation (at most max_concurrent_episodes run at once)",
+    )
     eval_temperature: float = Field(default=0.0, ge=0.0)
-    checkpoint_every: int = Field(default=0, ge=0, description="0: only at the end and on shutdown")
+    checkpoint_every: int = Field(
+        default=0, ge=0, description="also checkpoint every N learner steps (0: step-based saving off)"
+    )
+    checkpoint_every_s: float = Field(
+        default=300.0,
+        ge=0.0,
+        description="checkpoint after the first learner step that ends this many seconds after the last "
+        "checkpoint (0: time-based saving off); a SIGKILL loses at most this much training",
+    )
     torch_threads: int = Field(
-        default=1, ge=1, description="intra-op threads for each of learner and sampler"
+        default=1, ge=1, le=MAX_TORCH_THREADS, description="intra-op threads for each of learner and sampler"
     )
     progress: bool = True
 
@@ -256,7 +279,11 @@ class RunConfig(_Section):
     pipeline: PipelineSection = Field(default_factory=PipelineSection)
     sft: SFTSection = Field(default_factory=SFTSection)
     seed: int = 0
-    run_dir: str = "runs/default"
+    run_dir: str = Field(
+        default="runs/default",
+        min_length=1,
+        description="where config.yaml, metrics, checkpoints and summary.json are written",
+    )
     backend: Backend = Field(
         default="inprocess", description="inprocess: one process; ray: actors on a Ray cluster (docs/ray.md)"
     )
@@ -281,6 +308,59 @@ class RunConfig(_Section):
                 "each actor needs at least one of sampler.sglang.urls"
             )
         return self
+
+    def _finite_and_named(self) -> RunConfig:
+        bad = non_finite_keys(self)
+        if bad:
+            raise ValueError(
+                "every number of a run config must be finite: "
+                + ", ".join(f"{key}={value}" for key, value in bad)
+            )
+        if not self.run_dir.strip():
+            raise ValueError("run_dir is empty: name a directory (e.g. runs/my-run)")
+        return self
+
+
+def non_finite_keys(model: BaseModel, prefix: str = "") -> list[tuple[str, float]]:
+    """(dotted key, value) of every float field that is NaN or infinite, nested configs and lists walked.
+
+    One rule for every component: no config field of labrl means anything at inf or NaN
+    (``learner.optimizer.lr=.inf`` used to be accepted and crash step 1). Free-form dicts
+    (``env.options``) belong to their env and are not walked.
+    """
+    out: list[tuple[str, float]] = []
+
+    def visit(value: Any, key: str) -> None:
+        if isinstance(value, BaseModel):
+            out.extend(non_finite_keys(value, key + "."))
+        elif isinstance(value, list | tuple):
+            for i, item in enumerate(value):
+                visit(item, f"{key}[{i}]")
+        elif isinstance(value, float) and not math.isfinite(value):
+            out.append((key, value))
+
+    for name in type(model).model_fields:
+        visit(getattr(model, name), prefix + name)
+    return out
+
+
+def learnability_warnings(cfg: RunConfig) -> list[str]:
+    """Why a valid config is unlikely to learn, one sentence each (``labrl train`` prints them).
+
+    A from-scratch model (no ``model.init_from_hf``) without the format-only warm
+    start samples random bytes: it almost never produces a well-formed answer,
+    so every group is all-wrong, carries no GRPO signal and is dropped until the
+    stall guard stops the run.
+    """
+    out = []
+    if cfg.model.init_from_hf is None and not cfg.sft.enabled:
+        out.append(
+            "sft.enabled=false with a from-scratch model (no model.init_from_hf): the policy starts as "
+            "random bytes and will rarely produce a well-formed answer, so groups are all-wrong and "
+            "dropped and the run will likely stall; set sft.enabled=true (format-only warm start, "
+            "as configs/quickstart.yaml does) or start from a pretrained model.init_from_hf"
+        )
+    return out
 
 
 # -- keys that moved (accepted for one release) ----------------------------------

@@ -87,6 +87,8 @@ def summary_line(record: Mapping[str, Any], total_steps: int) -> str:
         f"staleness {_fmt(record.get('staleness/mean'), '.2f')} (max {_fmt(record.get('staleness/max'), '.0f')})  "
         f"tok/s {_fmt(record.get('throughput/tokens_per_s'), '.0f')}  "
         f"env p50/p99 {_fmt(record.get('env_latency/p50'), '.2f')}/{_fmt(record.get('env_latency/p99'), '.2f')} s  "
+        f"env_error/verifier_failed {_fmt(record.get('errors/env_error_frac'), '.2f')}/"
+        f"{_fmt(record.get('errors/verifier_failed_frac'), '.2f')}  "
         f"eval {_fmt(record.get('eval/accuracy'))}  ETA {_fmt(eta / 60 if eta is not None else None, '.1f')} min"
         + (f"  {record['health']}" if record.get("health") else "")
     )

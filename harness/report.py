@@ -1,8 +1,12 @@
 """``labrl report RUN_DIR``: PNG plots and a short text summary from a run's JSONL files.
 
-Plots (written to ``RUN_DIR/report/``):
+Plots (written to ``RUN_DIR/report/``), every one against the learner step
+(``x="time"``: wall-clock minutes of training, monotone across resumes) and
+with both axes labelled:
 
-- ``reward.png``: batch reward and held-out accuracy against wall-clock minutes;
+- ``reward.png``: batch reward, batch accuracy and held-out accuracy;
+- ``errors.png``: per-step fractions of episodes that ended in env_error,
+  verifier_failed or timeout (the env or verifier failed, not the policy);
 - ``staleness.png``: histogram of per-token staleness over the whole run;
 - ``is_ratio.png``: behaviour-ratio quantiles (q01..q99 as logged by the objective) per step;
 - ``masked.png``: masked fractions (corrections' dropped tokens, OPSM's, untrainable
@@ -19,25 +23,61 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from labrl.errors import ConfigError
 from labrl.harness.metrics import read_jsonl
+from labrl.harness.pipeline.errors_log import FAILED_OUTCOMES
+
+XAxis = Literal["step", "time"]
+X_LABELS = {"step": "learner step", "time": "wall-clock of training (min)"}
 
 
 @dataclass
 class Report:
     summary: str
     plots: list[Path] = field(default_factory=list)
+    axes: dict[str, tuple[str, str]] = field(default_factory=dict)  # plot name -> (x label, y label)
 
 
-def _series(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
+def monotone_time(times: list[float]) -> list[float]:
+    """Wall-clock seconds that never go back: a drop (a resume of a run whose clock restarted at 0,
+    before ``time_s`` carried over) continues from the last value seen before it."""
+    out, offset, last = [], 0.0, None
+    for t in times:
+        if last is not None and t + offset < out[-1]:
+            offset = out[-1] - t
+        out.append(t + offset)
+        last = t
+    return out
+
+
+def _x(rows: list[dict], x: XAxis) -> list[float]:
+    if x == "step":
+        return [float(r["step"]) for r in rows]
+    return [t / 60 for t in monotone_time([float(r.get("time_s") or 0.0) for r in rows])]
+
+
+def _series(rows: list[dict], key: str, x: XAxis = "step") -> tuple[list[float], list[float]]:
     xs, ys = [], []
-    for r in rows:
+    for r, xv in zip(rows, _x(rows, x), strict=True):
         v = r.get(key)
         if isinstance(v, int | float) and math.isfinite(v):
-            xs.append(r["step"])
+            xs.append(xv)
             ys.append(float(v))
     return xs, ys
+
+
+def error_rates(rows: list[dict]) -> dict[str, float]:
+    """Failed episodes / finished episodes over the whole run, per failure outcome."""
+    finished = sum(r.get("episodes/finished") or 0 for r in rows)
+    out = {}
+    for outcome in FAILED_OUTCOMES:
+        failed = sum(
+            (r.get(f"errors/{outcome}_frac") or 0.0) * (r.get("episodes/finished") or 0) for r in rows
+        )
+        out[outcome] = failed / finished if finished else 0.0
+    return out
 
 
 def summarise(rows: list[dict], evals: list[dict]) -> str:
@@ -60,6 +100,7 @@ def summarise(rows: list[dict], evals: list[dict]) -> str:
         f"groups: {last.get('groups/kept_total')} kept, {last.get('groups/zero_variance_total')} zero-variance dropped",
         f"throughput: {sum(r.get('throughput/tokens_per_s', 0) for r in rows) / len(rows):.0f} tokens/s mean; "
         f"busy learner {last.get('busy/learner', 0):.2f}, sampler {last.get('busy/sampler', 0):.2f}",
+        "failed episodes: " + ", ".join(f"{k} {v:.3f}" for k, v in error_rates(rows).items()),
     ]
     if evals:
         lines.append(
@@ -70,7 +111,8 @@ def summarise(rows: list[dict], evals: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_report(run_dir: str | Path, out: str | Path | None = None) -> Report:
+def write_report(run_dir: str | Path, out: str | Path | None = None, *, x: XAxis = "step") -> Report:
+    """Write the plots and ``summary.txt`` into ``out`` (default ``RUN_DIR/report``); ``x`` picks the x axis."""
     run_dir = Path(run_dir)
     if not (run_dir / "metrics.jsonl").exists():
         raise ConfigError(f"{run_dir} has no metrics.jsonl: is it a labrl run directory?")
@@ -84,28 +126,43 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Report:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plots: list[Path] = []
+    report = Report(summary="")
+    xlabel = X_LABELS[x]
 
-    def save(fig, name: str) -> None:
+    def save(fig, ax, name: str) -> None:
         path = out_dir / name
         fig.tight_layout()
         fig.savefig(path, dpi=100)
         plt.close(fig)
-        plots.append(path)
+        report.plots.append(path)
+        report.axes[name.removesuffix(".png")] = (ax.get_xlabel(), ax.get_ylabel())
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(
-        [r["time_s"] / 60 for r in rows], [r["reward/mean"] for r in rows], label="batch reward", alpha=0.6
-    )
+    ax.plot(*_series(rows, "reward/mean", x), label="batch reward (mean)", alpha=0.6)
+    ax.plot(*_series(rows, "reward/accuracy", x), label="batch accuracy", alpha=0.6)
     if evals:
-        ax.plot(
-            [e["time_s"] / 60 for e in evals], [e["accuracy"] for e in evals], "o-", label="held-out accuracy"
+        ex = (
+            [float(e["step"]) for e in evals]
+            if x == "step"
+            else [t / 60 for t in monotone_time([float(e.get("time_s") or 0.0) for e in evals])]
         )
-    ax.set_xlabel("wall-clock (min)")
+        ax.plot(ex, [e["accuracy"] for e in evals], "o-", label="held-out accuracy")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("reward / accuracy")
     ax.set_ylim(-0.02, 1.02)
     ax.legend()
-    ax.set_title("reward and held-out accuracy")
-    save(fig, "reward.png")
+    ax.set_title("reward and accuracy")
+    save(fig, ax, "reward.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for outcome in FAILED_OUTCOMES:
+        ax.plot(*_series(rows, f"errors/{outcome}_frac", x), label=outcome)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("fraction of episodes finished")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=8)
+    ax.set_title("failed episodes (env / verifier / timeout) per step")
+    save(fig, ax, "errors.png")
 
     stale = Counter()
     for r in rows:
@@ -118,19 +175,21 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Report:
     ax.set_xlabel("staleness (learner versions)")
     ax.set_ylabel("tokens")
     ax.set_title("per-token staleness at training")
-    save(fig, "staleness.png")
+    save(fig, ax, "staleness.png")
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for key in sorted(k for k in rows[-1] if k.startswith("ratio/q")):
-        ax.plot(*_series(rows, key), label=key.removeprefix("ratio/"))
+        ax.plot(*_series(rows, key, x), label=key.removeprefix("ratio/"))
     ax.set_yscale("log")
-    ax.set_xlabel("step")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("ratio (log scale)")
     ax.set_title("behaviour IS ratio exp(logp_old - logp_mu): quantiles")
-    ax.legend(fontsize=7)
-    save(fig, "is_ratio.png")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    save(fig, ax, "is_ratio.png")
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    xs, kept = _series(rows, "corrections/kept_frac")
+    xs, kept = _series(rows, "corrections/kept_frac", x)
     if xs:
         ax.plot(xs, [1 - k for k in kept], label="tokens masked by corrections")
     for key, label in (
@@ -139,45 +198,48 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Report:
         ("policy/clip_high_frac", "tokens clipped high"),
         ("policy/dual_clip_frac", "tokens dual-clipped"),
     ):
-        xs, ys = _series(rows, key)
+        xs, ys = _series(rows, key, x)
         if xs and any(ys):
             ax.plot(xs, ys, "--", label=label)
-    ax.plot(*_series(rows, "episodes/masked_frac"), label="episodes untrainable (cumulative)")
-    xs, zv = _series(rows, "groups/zero_variance_total")
-    _, added = _series(rows, "groups/kept_total")
+    ax.plot(*_series(rows, "episodes/masked_frac", x), label="episodes untrainable (cumulative)")
+    xs, zv = _series(rows, "groups/zero_variance_total", x)
+    _, added = _series(rows, "groups/kept_total", x)
     if xs:
         ax.plot(
             xs,
             [z / max(1.0, z + a) for z, a in zip(zv, added, strict=True)],
             label="groups zero-variance (cumulative)",
         )
-    ax.set_xlabel("step")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("fraction")
     ax.set_ylim(-0.02, 1.02)
     ax.legend(fontsize=8)
     ax.set_title("masked and clipped fractions")
-    save(fig, "masked.png")
+    save(fig, ax, "masked.png")
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for q in ("p50", "p90", "p99"):
-        ax.plot(*_series(rows, f"env_latency/{q}"), label=q)
-    ax.set_xlabel("step")
-    ax.set_ylabel("seconds")
+        ax.plot(*_series(rows, f"env_latency/{q}", x), label=q)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("env latency (s)")
     ax.legend()
     ax.set_title("env latency per episode")
-    save(fig, "env_latency.png")
+    save(fig, ax, "env_latency.png")
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(*_series(rows, "throughput/tokens_per_s"), label="generated tokens/s")
-    ax.set_xlabel("step")
+    ax.plot(*_series(rows, "throughput/tokens_per_s", x), label="generated tokens/s")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("generated tokens / s")
     ax2 = ax.twinx()
-    ax2.plot(*_series(rows, "busy/learner"), "g--", label="learner busy")
-    ax2.plot(*_series(rows, "busy/sampler"), "r--", label="sampler busy")
+    ax2.plot(*_series(rows, "busy/learner", x), "g--", label="learner busy")
+    ax2.plot(*_series(rows, "busy/sampler", x), "r--", label="sampler busy")
+    ax2.set_ylabel("busy fraction")
     ax2.set_ylim(0, 1.05)
     ax.legend(loc="upper left", fontsize=8)
     ax2.legend(loc="upper right", fontsize=8)
     ax.set_title("throughput")
-    save(fig, "throughput.png")
+    save(fig, ax, "throughput.png")
 
-    summary = summarise(rows, evals)
-    (out_dir / "summary.txt").write_text(summary + "\n")
-    return Report(summary=summary, plots=plots)
+    report.summary = summarise(rows, evals)
+    (out_dir / "summary.txt").write_text(report.summary + "\n")
+    return report

@@ -13,6 +13,7 @@ state starts clean) and does not advance the learner's version.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from collections.abc import Callable
@@ -63,7 +64,13 @@ async def run_sft(
     *,
     seed: int = 0,
     on_step: Callable[[dict[str, Any]], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> list[dict[str, Any]]:
+    """Warm-start ``model``; returns one record per step done.
+
+    ``should_stop`` is polled before each step (and the event loop gets a turn
+    between steps, so its signal handlers run): True ends the warm start early.
+    """
     env = make_env()
     rng = random.Random(seed)
     prompts = await sft_prompts(make_env, tokenizer, min(cfg.steps * cfg.batch_size, cfg.num_prompts), seed)
@@ -75,6 +82,9 @@ async def run_sft(
     history = []
     started = time.perf_counter()
     for step in range(cfg.steps):
+        await asyncio.sleep(0)  # let the loop run signal handlers: a step blocks it
+        if should_stop is not None and should_stop():
+            break
         rows = []
         for _ in range(cfg.batch_size):
             task, prompt = prompts[rng.randrange(len(prompts))]

@@ -82,6 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return _reader_went_away()
+    except KeyboardInterrupt:  # Ctrl-C outside a command's own handling (imports, set-up)
+        print("labrl: interrupted", file=sys.stderr)
+        return 130
 
 
 def _reader_went_away() -> int:

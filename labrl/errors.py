@@ -139,6 +139,10 @@ class WorkerLostError(LabrlError, RuntimeError):
     """``backend=ray``: every env worker (or sampler) actor is dead and out of restarts."""
 
 
+class RunFailedError(LabrlError, RuntimeError):
+    """A training run stopped on an unexpected (internal) error; its traceback is in the run's errors.jsonl."""
+
+
 __all__ = [
     "ConfigError",
     "EnvError",
@@ -160,6 +164,7 @@ __all__ = [
     "PatternFileError",
     "PlacementError",
     "RegistryError",
+    "RunFailedError",
     "SamplerError",
     "TransientEnvError",
     "VerifierError",

@@ -62,6 +62,11 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return target if (target / STATE_FILE).exists() else None
 
 
+def checkpoint_step(checkpoint_dir: str | Path) -> int:
+    """The learner step of a ``step_N`` checkpoint directory."""
+    return int(Path(checkpoint_dir).name.removeprefix("step_"))
+
+
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> Path:
     """``run_dir/summary.json``, atomically."""
     tmp = run_dir / (SUMMARY_FILE + ".tmp")

@@ -26,7 +26,12 @@ the version that produced the token, so time spent queued in the buffer counts.
 
 Shutdown (``request_stop``): no new groups start, the running train step
 finishes, in-flight groups are cancelled and their (index, task seed) saved;
-the checkpoint holds learner, optimizer, buffer and that list. A resumed run
+the checkpoint holds learner, optimizer, buffer and that list. A run that
+fails (an env, the sampler, a stalled batch) writes a checkpoint before the
+error propagates; only a failure inside ``train_step`` does not (the learner's
+state may be half-updated), so the previous checkpoint stays the latest.
+Checkpoints are also written every ``checkpoint_every`` steps and after the
+first step that ends ``checkpoint_every_s`` seconds after the previous one. A resumed run
 restarts the in-flight groups first and never trains a group twice (each
 group index is trained at most once; ``trained.jsonl`` lists them per step).
 
@@ -39,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -62,11 +68,13 @@ from labrl.harness.pipeline.checkpoint import (
     write_checkpoint,
     write_summary,
 )
+from labrl.harness.pipeline.errors_log import ErrorLog
 from labrl.harness.pipeline.overlong import process_overlong
 from labrl.harness.pipeline.stats import (
     DropStreak,
     StepStats,
     episodes_over_staleness,
+    failure_rates,
     stall_message,
     token_staleness,
 )
@@ -159,6 +167,8 @@ class Orchestrator:
         self._learner_busy = False
         self._stopping = False
         self._failure: BaseException | None = None
+        self._learner_failed = False  # train_step raised: its state may be half-updated, never checkpoint it
+        self._last_checkpoint_at = time.perf_counter()
         self._wake = asyncio.Event()
         self._pending_weights: tuple[dict[str, torch.Tensor], int] | None = None
         self._sync_lock = asyncio.Lock()
@@ -166,6 +176,7 @@ class Orchestrator:
         self._drops = DropStreak()
         self.metrics = StepStats(sampler)
         self._trained_log = JsonlWriter(self.run_dir / "trained.jsonl") if self.run_dir else None
+        self.errors = ErrorLog(self.run_dir) if self.run_dir else None
 
     # -- public -------------------------------------------------------------------
 
@@ -203,10 +214,16 @@ class Orchestrator:
     async def run(self) -> dict[str, Any]:
         """Train until ``total_steps`` or a stop request; returns a summary."""
         self.metrics.start()
+        self._last_checkpoint_at = time.perf_counter()
         timer = StepTimer(self.step)
         producer = asyncio.create_task(self._produce(), name="producer")
         try:
-            if self.cfg.eval_every > 0 and self.step == 0:
+            if (
+                self.cfg.eval_every > 0
+                and self.step == 0
+                and not self._stopping
+                and not any(e["step"] == 0 for e in self.eval_history)  # resumed from the step-0 checkpoint
+            ):
                 await self._evaluate(self.step)
             await self._train_loop(timer)
             if (
@@ -218,6 +235,10 @@ class Orchestrator:
                 if self._eval_task is not None:
                     await self._eval_task
                 await self._evaluate(self.step)
+        except BaseException as exc:
+            if self._failure is None:
+                self._failure = exc
+            raise
         finally:
             self._stopping = True
             self._wake.set()
@@ -234,12 +255,14 @@ class Orchestrator:
             # groups cancelled mid-flight restart on resume, ahead of new ones
             self.restart_queue = sorted(set(self.restart_queue) | set(inflight))
             stalled = isinstance(self._failure, PipelineStalledError)
-            if self.run_dir is not None and (self._failure is None or stalled):
+            if self.run_dir is not None and not self._learner_failed:
                 target = self.save_checkpoint()
                 if stalled:
                     self._failure = self._stalled_with_checkpoint(self._failure, target)  # type: ignore[arg-type]
             if self._trained_log is not None:
                 self._trained_log.close()
+            if self.errors is not None:
+                self.errors.close()
         if self._failure is not None:
             raise self._failure
         return self.summary()
@@ -316,6 +339,8 @@ class Orchestrator:
             group = Group(index, seed, processed, start_version, started, time.perf_counter())
             verdict = self.buffer.add(group)
             self.metrics.record_episodes(processed)
+            if self.errors is not None:
+                self.errors.episodes(processed, step=self.step, phase="train")
             if verdict == "kept":
                 self._drops = DropStreak()
             else:
@@ -361,6 +386,9 @@ class Orchestrator:
             t0 = time.perf_counter()
             try:
                 learner_metrics = await asyncio.to_thread(self.learner.train_step, batch)
+            except BaseException:
+                self._learner_failed = True
+                raise
             finally:
                 self._learner_busy = False
                 self.metrics.learner_busy_s += time.perf_counter() - t0
@@ -400,8 +428,15 @@ class Orchestrator:
         if self._eval_task is not None and not self._stopping:
             await self._eval_task
 
+    def _checkpoint_due(self) -> bool:
+        """Every ``checkpoint_every`` steps, or once ``checkpoint_every_s`` seconds passed since the last save."""
+        every, every_s = self.cfg.checkpoint_every, self.cfg.checkpoint_every_s
+        if every and self.step % every == 0:
+            return True
+        return bool(every_s) and time.perf_counter() - self._last_checkpoint_at >= every_s
+
     async def _periodic_eval_and_checkpoint(self) -> None:
-        """Every ``eval_every`` steps start an evaluation (one at a time); every ``checkpoint_every`` save."""
+        """Every ``eval_every`` steps start an evaluation (one at a time); save when ``_checkpoint_due``."""
         if (
             self.cfg.eval_every > 0
             and self.step % self.cfg.eval_every == 0
@@ -410,12 +445,8 @@ class Orchestrator:
             if self._eval_task is not None and not self._eval_task.done():
                 await self._eval_task
             self._eval_task = asyncio.create_task(self._evaluate(self.step))
-        if (
-            self.run_dir is not None
-            and self.cfg.checkpoint_every
-            and self.step % self.cfg.checkpoint_every == 0
-        ):
-            self.save_checkpoint()
+        if self.run_dir is not None and self.step < self.cfg.total_steps and self._checkpoint_due():
+            self.save_checkpoint()  # the last step's checkpoint is written when run() ends
 
     async def _sync_weights(self) -> None:
         async with self._sync_lock:
@@ -436,18 +467,24 @@ class Orchestrator:
             update={"temperature": self.cfg.eval_temperature, "seed": self.seed}
         )
 
+        slots = asyncio.Semaphore(self.cfg.max_concurrent_episodes)
+
         async def one(i: int) -> Trajectory:
-            env = self.make_env()
-            try:
-                task = env.make_task("test", i)
-                return await rollout(
-                    env, task, self.sampler, self.tokenizer, sampling, rid_prefix=f"eval{step}:"
-                )
-            finally:
-                await env.close()
+            async with slots:
+                env = self.make_env()
+                try:
+                    task = env.make_task("test", i)
+                    return await rollout(
+                        env, task, self.sampler, self.tokenizer, sampling, rid_prefix=f"eval{step}:"
+                    )
+                finally:
+                    await env.close()
 
         t0 = time.perf_counter()
         results = await asyncio.gather(*(one(i) for i in range(self.cfg.eval_size)))
+        if self.errors is not None:
+            self.errors.episodes(results, step=step, phase="eval")
+        outcomes = Counter(t.outcome for t in results)
         scored = [t.reward for t in results if t.reward is not None]
         record = {
             "step": step,
@@ -459,6 +496,7 @@ class Orchestrator:
             "overlong_frac": sum(t.finish_reason == "length" for t in results) / len(results),
             "eval_s": time.perf_counter() - t0,
             "time_s": self.metrics.wall_s(),
+            **{f"errors/{k}": v for k, v in failure_rates(outcomes, len(results)).items()},
         }
         self.eval_history.append(record)
         if self.on_eval is not None:
@@ -478,12 +516,15 @@ class Orchestrator:
             "eval_history": list(self.eval_history),
             "seed": self.seed,
             "mode": self.cfg.mode,
+            "wall_s": self.metrics.wall_s(),
         }
 
     def save_checkpoint(self) -> Path:
         """``run_dir/checkpoints/step_N/{learner.pt, pipeline.pt}`` and a ``latest`` pointer (atomic)."""
         assert self.run_dir is not None
-        return write_checkpoint(self.run_dir, self.step, self.learner, self.state_dict())
+        target = write_checkpoint(self.run_dir, self.step, self.learner, self.state_dict())
+        self._last_checkpoint_at = time.perf_counter()
+        return target
 
     async def resume(self, checkpoint_dir: str | Path) -> None:
         """Load learner + pipeline state; push the learner's weights to the sampler."""
@@ -494,6 +535,7 @@ class Orchestrator:
         self.restart_queue = [tuple(x) for x in state["inflight"]]
         self.buffer.load_state_dict(state["buffer"])
         self.eval_history = list(state["eval_history"])
+        self.metrics.time_offset_s = float(state.get("wall_s", 0.0))  # checkpoints before it: restart at 0
         weights = await asyncio.to_thread(self.learner.export_weights)
         # force: the sampler (an SGLang server outliving the run) may already be past this version
         await self.sampler.update_weights(weights, self.learner.version, force=True)

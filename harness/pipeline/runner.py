@@ -8,6 +8,8 @@
       metrics.jsonl     one record per learner step
       eval.jsonl        one record per evaluation on the test split
       trained.jsonl     the group indices trained at each step
+      errors.jsonl      failed episodes and internal errors, with tracebacks (errors_log)
+      resumes.jsonl     the tunable keys changed at each resume (resume)
       checkpoints/      step_N/{learner.pt, pipeline.pt} and `latest`
       summary.json      final numbers
 
@@ -16,14 +18,16 @@ sampler's forwards in another, so with ``pipeline.torch_threads = 1`` each
 owns one of the two cores of a laptop-class machine instead of both
 oversubscribing a shared intra-op pool.
 
-A run directory with a checkpoint is resumed (the warm start is skipped);
-``fresh=True`` refuses to reuse a directory that already has one.
+A run directory with a checkpoint is resumed (the warm start is skipped) if
+its identity keys match (``resume``), and its step-indexed logs are cut back
+to the checkpoint's step; ``fresh=True`` refuses to reuse a directory that
+already has one. After the warm start a step-0 checkpoint is written, so a
+kill never repeats a finished warm start.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -33,11 +37,20 @@ from typing import Any
 
 import torch
 
-from labrl.errors import ConfigError
-from labrl.harness.config import ComponentConfigs, RunConfig, component_configs, dump_run_config
-from labrl.harness.metrics import JsonlWriter, LiveProgress
+from labrl.errors import ConfigError, LabrlError, RunFailedError
+from labrl.harness.config import (
+    ComponentConfigs,
+    RunConfig,
+    component_configs,
+    dump_run_config,
+    learnability_warnings,
+)
+from labrl.harness.metrics import JsonlWriter, LiveProgress, read_jsonl
+from labrl.harness.pipeline.checkpoint import checkpoint_step, write_summary
+from labrl.harness.pipeline.errors_log import ErrorLog
 from labrl.harness.pipeline.orchestrator import Orchestrator, latest_checkpoint
 from labrl.harness.pipeline.overlong import BudgetForcingSampler
+from labrl.harness.pipeline.resume import check_resume, log_resume, previous_config, truncate_run_logs
 from labrl.harness.samplers.local import LocalSamplerConfig
 from labrl.harness.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from labrl.harness.types import Closeable
@@ -134,9 +147,12 @@ async def _nothing() -> dict[str, Any]:
 
 
 async def start_inprocess(
-    cfg: RunConfig, tokenizer: Tokenizer, make_env, *, resume: bool, on_sft
+    cfg: RunConfig, tokenizer: Tokenizer, make_env, *, resume: bool, on_sft, should_stop=None
 ) -> RunParts:
-    """Learner and sampler in this process (the default backend); warm start unless resuming."""
+    """Learner and sampler in this process (the default backend); warm start unless resuming.
+
+    ``should_stop`` (polled between warm-start steps) ends the warm start early.
+    """
     learner = build_learner(cfg)
     if not resume and cfg.model.init_from_hf is not None:  # a resumed run loads its own checkpoint
         initialise_from_hf(learner, cfg.model.init_from_hf, cfg.model.resolve())
@@ -145,23 +161,72 @@ async def start_inprocess(
         from labrl.harness.sft import run_sft
 
         t0 = time.perf_counter()
-        await run_sft(learner.model, make_env, tokenizer, cfg.sft, seed=cfg.seed, on_step=on_sft)
+        await run_sft(
+            learner.model,
+            make_env,
+            tokenizer,
+            cfg.sft,
+            seed=cfg.seed,
+            on_step=on_sft,
+            should_stop=should_stop,
+        )
         sft_s = time.perf_counter() - t0
     sampler = await build_sampler(cfg, learner, tokenizer)
     return RunParts(learner=learner, sampler=sampler, sft_s=sft_s)
 
 
+class StopRequest:
+    """SIGINT / SIGTERM: remember the first signal and ask the orchestrator (once it exists) to stop."""
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+        self.orchestrator: Orchestrator | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self.signal_name is not None
+
+    def __call__(self, sig: signal.Signals) -> None:
+        if self.signal_name is None:
+            self.signal_name = sig.name
+        if self.orchestrator is not None:
+            self.orchestrator.request_stop()
+
+    def attach(self, orchestrator: Orchestrator) -> None:
+        self.orchestrator = orchestrator
+        if self.requested:
+            orchestrator.request_stop()
+
+
+def _install(loop: asyncio.AbstractEventLoop, stop: StopRequest) -> list[signal.Signals]:
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop, sig)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError):  # not the main thread
+            pass
+    return installed
+
+
 async def train(cfg: RunConfig, *, fresh: bool = False, progress: bool | None = None) -> dict[str, Any]:
+    """Validate everything, then train (or resume) into ``cfg.run_dir``; returns the summary.
+
+    Nothing is written before the config, the model, the tokenizer, the env and
+    (on resume) the identity keys are checked. SIGINT / SIGTERM in any phase
+    stop the run: during the warm start nothing is saved (a rerun starts it
+    again); after it, the running step finishes and a checkpoint is written.
+    The summary's ``stopped_by`` names the signal. An unexpected error is
+    logged with its traceback to ``errors.jsonl`` and raised as
+    ``RunFailedError`` (one line).
+    """
     run_dir = Path(cfg.run_dir)
     ckpt = latest_checkpoint(run_dir)
     if ckpt is not None and fresh:
         raise ConfigError(
             f"{run_dir} already holds a checkpoint ({ckpt.name}): choose another run_dir or resume"
         )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_run_config(cfg))
-    torch.set_num_threads(cfg.pipeline.torch_threads)
-    torch.manual_seed(cfg.seed)
+    # -- every check that can reject the run, before anything is written --
     tokenizer = build_tokenizer(cfg)
     model_cfg = cfg.model.resolve()
     if model_cfg.vocab_size != tokenizer.vocab_size:
@@ -171,27 +236,111 @@ async def train(cfg: RunConfig, *, fresh: bool = False, progress: bool | None = 
         )
     components = run_components(cfg, tokenizer)  # every component config validated before anything is built
     make_env = make_env_factory(cfg)
+    changes: dict[str, tuple[Any, Any]] = {}
+    if ckpt is not None:
+        previous = previous_config(run_dir)
+        if previous is not None:
+            changes = check_resume(previous, cfg)
+    # -- the run directory --
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(dump_run_config(cfg))
+    resume_step = checkpoint_step(ckpt) if ckpt is not None else -1
+    truncate_run_logs(run_dir, resume_step)
+    errors = ErrorLog(run_dir)
     show = cfg.pipeline.progress if progress is None else progress
     live = LiveProgress(cfg.pipeline.total_steps, rich_view=show)
+    for text in learnability_warnings(cfg) if ckpt is None else []:
+        live.message(f"warning: {text}")
+    if changes:
+        log_resume(run_dir, resume_step, changes)
+        live.message(
+            "resuming with changed settings: "
+            + ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changes.items())
+        )
+    loop = asyncio.get_running_loop()
+    stop = StopRequest()
+    installed = _install(loop, stop)
+    try:
+        return await _train(cfg, ckpt, run_dir, tokenizer, model_cfg, components, make_env, live, stop)
+    except LabrlError as exc:
+        errors.internal(exc, step=stop.orchestrator.step if stop.orchestrator else None)
+        raise
+    except Exception as exc:
+        step = stop.orchestrator.step if stop.orchestrator else None
+        errors.internal(exc, step=step)
+        where = f"at step {step}" if step is not None else "before training"
+        saved = latest_checkpoint(run_dir)
+        resume = f"a rerun resumes from {saved}" if saved is not None else "no checkpoint yet"
+        raise RunFailedError(
+            f"internal error {where}: {type(exc).__name__}: {exc} (full traceback in {errors.path}; {resume})"
+        ) from exc
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+        errors.close()
+        live.close()
+
+
+async def _train(
+    cfg: RunConfig,
+    ckpt: Path | None,
+    run_dir: Path,
+    tokenizer: Tokenizer,
+    model_cfg,
+    components: ComponentConfigs,
+    make_env,
+    live: LiveProgress,
+    stop: StopRequest,
+) -> dict[str, Any]:
+    torch.set_num_threads(cfg.pipeline.torch_threads)
+    torch.manual_seed(cfg.seed)
     started = time.perf_counter()
-    sft_writer = JsonlWriter(run_dir / "sft.jsonl") if ckpt is None and cfg.sft.enabled else None
+    warm_start = ckpt is None and cfg.sft.enabled
+    if warm_start:
+        (run_dir / "sft.jsonl").unlink(missing_ok=True)  # a warm start killed before its checkpoint restarts
+    sft_writer = JsonlWriter(run_dir / "sft.jsonl") if warm_start else None
     every = max(1, cfg.sft.steps // 5)
+    sft_done = 0
 
     def on_sft(r: dict[str, Any]) -> None:
+        nonlocal sft_done
         assert sft_writer is not None
         sft_writer.write(r)
+        sft_done = r["sft_step"]
         if r["sft_step"] % every == 0:
             live.message(f"sft step {r['sft_step']}/{cfg.sft.steps}  loss {r['loss']:.3f}")
 
-    if cfg.backend == "ray":
-        from labrl.harness.distributed.backend import start_ray
+    try:
+        if cfg.backend == "ray":
+            from labrl.harness.distributed.backend import start_ray
 
-        parts = await start_ray(cfg, tokenizer=tokenizer, resume=ckpt is not None, on_sft=on_sft)
-    else:
-        parts = await start_inprocess(cfg, tokenizer, make_env, resume=ckpt is not None, on_sft=on_sft)
-    if sft_writer is not None:
-        sft_writer.close()
+            parts = await start_ray(cfg, tokenizer=tokenizer, resume=ckpt is not None, on_sft=on_sft)
+        else:
+            parts = await start_inprocess(
+                cfg, tokenizer, make_env, resume=ckpt is not None, on_sft=on_sft,
+                should_stop=lambda: stop.requested,
+            )  # fmt: skip
+    finally:
+        if sft_writer is not None:
+            sft_writer.close()
+    warm_started = warm_start and sft_done == cfg.sft.steps
     learner, sampler = parts.learner, parts.sampler
+    if stop.requested and warm_start and not warm_started:
+        if isinstance(sampler, Closeable):
+            await sampler.close()
+        await parts.close()
+        summary = {
+            "step": 0,
+            "interrupted": True,
+            "stopped_by": stop.signal_name,
+            "checkpoint": None,
+            "total_wall_s": time.perf_counter() - started,
+            "sft_s": parts.sft_s,
+            "eval": None,
+            "note": "stopped during the warm start: nothing to save; a rerun starts the warm start again",
+        }
+        write_summary(run_dir, summary)
+        return summary
     metrics = JsonlWriter(run_dir / "metrics.jsonl")
     evals = JsonlWriter(run_dir / "eval.jsonl")
 
@@ -206,8 +355,6 @@ async def train(cfg: RunConfig, *, fresh: bool = False, progress: bool | None = 
             f"(n={record['n']}, {record['time_s'] / 60:.1f} min)"
         )
 
-    loop = asyncio.get_running_loop()
-    installed = []
     try:
         orch = Orchestrator(
             cfg.pipeline,
@@ -226,21 +373,16 @@ async def train(cfg: RunConfig, *, fresh: bool = False, progress: bool | None = 
         )
         if ckpt is not None:
             await orch.resume(ckpt)
+            _merge_logged_evals(orch, run_dir)
             live.message(f"resumed from {ckpt} at step {orch.step}")
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                loop.add_signal_handler(sig, orch.request_stop)
-                installed.append(sig)
-            except (NotImplementedError, RuntimeError):  # not the main thread
-                pass
+        elif warm_started:
+            orch.save_checkpoint()  # step 0: a kill from here on does not repeat the warm start
+        stop.attach(orch)
         result = await orch.run()
     finally:
-        for sig in installed:
-            loop.remove_signal_handler(sig)
         if isinstance(sampler, Closeable):  # SGLangSampler's HTTP client; BudgetForcingSampler passes it on
             await sampler.close()
         backend_summary = await parts.close()
-        live.close()
         metrics.close()
         evals.close()
     summary = {
@@ -248,9 +390,20 @@ async def train(cfg: RunConfig, *, fresh: bool = False, progress: bool | None = 
         "total_wall_s": time.perf_counter() - started,
         "sft_s": parts.sft_s,
         "interrupted": orch.step < cfg.pipeline.total_steps,
+        "stopped_by": stop.signal_name,
+        "checkpoint": str(latest_checkpoint(run_dir)),
         "eval_history": orch.eval_history,
         "backend": cfg.backend,
         **({"ray": backend_summary} if backend_summary else {}),
     }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    write_summary(run_dir, summary)
     return summary
+
+
+def _merge_logged_evals(orch: Orchestrator, run_dir: Path) -> None:
+    """Evaluations that finished after the checkpoint was written (kept in eval.jsonl) rejoin the history."""
+    known = {e["step"] for e in orch.eval_history}
+    logged = [
+        e for e in read_jsonl(run_dir / "eval.jsonl") if e["step"] <= orch.step and e["step"] not in known
+    ]
+    orch.eval_history = sorted(orch.eval_history + logged, key=lambda e: e["step"])

@@ -8,7 +8,13 @@ into the record written to ``metrics.jsonl``:
 - ``busy/sampler`` = (sampler ``stats["busy_s"]`` now - at the start) / wall seconds;
 - ``throughput/*`` = tokens (samples) since the previous step / seconds since it;
 - ``staleness/*`` over the trained tokens: learner version at the step minus the
-  version that produced the token (``token_staleness``).
+  version that produced the token (``token_staleness``);
+- ``errors/<outcome>_frac`` = episodes finished since the previous step that
+  ended in ``<outcome>`` (env_error, verifier_failed, timeout) / episodes
+  finished since it (None when none finished); ``errors/<outcome>_total`` since
+  the run started (this process); ``errors/by_env`` the same totals per env id;
+- ``time_s`` = wall seconds of training so far, across resumes (``time_offset_s``
+  is the previous processes' share, from the checkpoint).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Any
 from labrl.harness.config import PipelineSection
 from labrl.harness.metrics import percentile
 from labrl.harness.pipeline.buffer import Group, GroupBuffer
+from labrl.harness.pipeline.errors_log import FAILED_OUTCOMES
 from labrl.harness.types import NO_VERSION, ReportsSamplerStats, Sampler, Trajectory
 
 
@@ -119,7 +126,13 @@ def _new_window() -> dict[str, Any]:
         "tokens": 0,
         "episodes": 0,
         "overlong": Counter(),
+        "outcomes": Counter(),
     }
+
+
+def failure_rates(outcomes: Counter, episodes: int) -> dict[str, float | None]:
+    """``{outcome}_frac`` for each of ``FAILED_OUTCOMES``: count / episodes (None for no episodes)."""
+    return {f"{o}_frac": (outcomes[o] / episodes if episodes else None) for o in FAILED_OUTCOMES}
 
 
 class StepStats:
@@ -128,17 +141,20 @@ class StepStats:
     def __init__(self, sampler: Sampler) -> None:
         self.sampler = sampler
         self.learner_busy_s = 0.0
+        self.time_offset_s = 0.0  # training seconds of earlier processes of this run (resume)
         self._window = _new_window()
+        self._outcomes_by_env: dict[str, Counter] = {}
         self.start()
 
     def start(self) -> None:
-        """Wall-clock origin of the run (``time_s``, the busy fractions)."""
+        """Wall-clock origin of this process's part of the run (the busy fractions; ``time_s`` adds the offset)."""
         self.started = time.perf_counter()
         self._last_step_at = self.started
         self._sampler_busy_at_start = self.sampler_busy_s()
 
     def wall_s(self) -> float:
-        return time.perf_counter() - self.started
+        """Training seconds so far, earlier processes of the run included: monotone across resumes."""
+        return self.time_offset_s + time.perf_counter() - self.started
 
     def sampler_busy_s(self) -> float:
         return (
@@ -159,6 +175,10 @@ class StepStats:
                 w["rewards"].append(t.reward)
             w["env_s"].append(t.timings.get("env_s", 0.0))
             w["generation_s"].append(t.timings.get("generation_s", 0.0))
+            w["outcomes"][t.outcome] += 1
+            by_env = self._outcomes_by_env.setdefault(t.env_id, Counter())
+            by_env["episodes"] += 1
+            by_env[t.outcome] += 1
 
     def step_record(
         self,
@@ -186,7 +206,7 @@ class StepStats:
         counters = buffer.counters
         record: dict[str, Any] = {
             "step": step,
-            "time_s": wall,
+            "time_s": self.time_offset_s + wall,
             "mode": cfg.mode,
             "learner_version": learner_version,
             "sampler_version": self.sampler.version,
@@ -224,6 +244,14 @@ class StepStats:
             "busy/learner": self.learner_busy_s / wall,
             "busy/sampler": (self.sampler_busy_s() - self._sampler_busy_at_start) / wall,
             "step_s": dt,
+        }
+        for key, rate in failure_rates(w["outcomes"], w["episodes"]).items():
+            record[f"errors/{key}"] = rate
+        for outcome in FAILED_OUTCOMES:
+            record[f"errors/{outcome}_total"] = sum(c[outcome] for c in self._outcomes_by_env.values())
+        record["errors/by_env"] = {
+            env: {"episodes": c["episodes"], **{o: c[o] for o in FAILED_OUTCOMES}}
+            for env, c in sorted(self._outcomes_by_env.items())
         }
         for k, v in learner_metrics.items():
             record.setdefault(k, v)

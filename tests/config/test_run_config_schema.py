@@ -28,6 +28,7 @@ from labrl.harness.config import (
     LEARNER_DERIVED,
     LOCAL_SAMPLER_DERIVED,
     SGLANG_SAMPLER_DERIVED,
+    PipelineSection,
     RunConfig,
     apply_overrides,
     build_run_config,
@@ -313,7 +314,13 @@ def test_quickstart_resolves_to_the_captured_component_configs(name):
         assert dumped == defaults
     assert c.sampling.model_dump(mode="json") == want["sampling"]
     assert c.model.model_dump(mode="json") == want["model"]
-    assert cfg.pipeline.model_dump(mode="json") == want["pipeline"]
+    pipeline = cfg.pipeline.model_dump(mode="json")
+    assert {k: pipeline.get(k) for k in want["pipeline"]} == want["pipeline"]
+    defaults = PipelineSection().model_dump(mode="json")
+    # fields added since (checkpoint_every_s: saving, not training) are at their defaults
+    assert {k: v for k, v in pipeline.items() if k not in want["pipeline"]} == {
+        k: defaults[k] for k in pipeline if k not in want["pipeline"]
+    }
     assert cfg.sft.model_dump(mode="json") == want["sft"]
     assert cfg.env.model_dump(mode="json") == want["env"]
     assert (cfg.seed, cfg.run_dir, cfg.learner.router_replay) == (

@@ -160,14 +160,25 @@ class LetterEnv(Env):
 
     Step latency is lognormal per task (deterministic in the seed): median
     ``latency_s``, sigma ``sigma``. ``fail_every`` > 0 makes every n-th task
-    time out (outcome ``timeout``) so masking can be tested.
+    time out (outcome ``timeout``) so masking can be tested; ``error_every`` /
+    ``verifier_fail_every`` > 0 make every n-th task's step raise ``EnvError``
+    (outcome ``env_error``) / ``VerifierError`` (``verifier_failed``).
     """
 
-    def __init__(self, latency_s: float = 0.0, sigma: float = 0.0, fail_every: int = 0) -> None:
+    def __init__(
+        self,
+        latency_s: float = 0.0,
+        sigma: float = 0.0,
+        fail_every: int = 0,
+        error_every: int = 0,
+        verifier_fail_every: int = 0,
+    ) -> None:
         self.spec = EnvSpec(id="test/letter-v0", has_gold_answer=True)
         self.latency_s = latency_s
         self.sigma = sigma
         self.fail_every = fail_every
+        self.error_every = error_every
+        self.verifier_fail_every = verifier_fail_every
         self.task: Task | None = None
 
     def make_task(self, split: Any, seed: int) -> Task:
@@ -193,6 +204,14 @@ class LetterEnv(Env):
             from labrl.envs.types import Outcome
 
             return StepResult(reward=None, done=True, outcome=Outcome.TIMEOUT)
+        if self.error_every and self.task.seed % self.error_every == 0:
+            from labrl.errors import EnvError
+
+            raise EnvError(f"letter backend down for task {self.task.task_id}")
+        if self.verifier_fail_every and self.task.seed % self.verifier_fail_every == 1:
+            from labrl.errors import VerifierError
+
+            raise VerifierError(f"letter verifier broke on task {self.task.task_id}")
         text = action.text
         return StepResult(reward=float(bool(text) and text[0] in GOOD), done=True)
 
