@@ -295,7 +295,15 @@ class RunConfig(_Section):
         return apply_deprecated_keys(data) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
-    def _reference_matches_kl(self) -> RunConfig:
+    def _finite_and_consistent(self) -> RunConfig:
+        bad = non_finite_keys(self)  # first: the checks below compare numbers
+        if bad:
+            raise ValueError(
+                "every number of a run config must be finite: "
+                + ", ".join(f"{key}={value}" for key, value in bad)
+            )
+        if not self.run_dir.strip():
+            raise ValueError("run_dir is empty: name a directory (e.g. runs/my-run)")
         check_reference(self.learner.reference, self.objective.kl_coef, prefix="learner.")
         return self
 
@@ -307,17 +315,6 @@ class RunConfig(_Section):
                 f"ray.samplers={self.ray.samplers} sampler actors front {len(urls)} SGLang server(s): "
                 "each actor needs at least one of sampler.sglang.urls"
             )
-        return self
-
-    def _finite_and_named(self) -> RunConfig:
-        bad = non_finite_keys(self)
-        if bad:
-            raise ValueError(
-                "every number of a run config must be finite: "
-                + ", ".join(f"{key}={value}" for key, value in bad)
-            )
-        if not self.run_dir.strip():
-            raise ValueError("run_dir is empty: name a directory (e.g. runs/my-run)")
         return self
 
 

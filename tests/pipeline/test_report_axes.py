@@ -1,0 +1,55 @@
+"""``labrl report``: step on x by default, wall time monotone across resumes, labelled axes, error rates."""
+
+from __future__ import annotations
+
+import json
+
+from labrl.cli import main
+from labrl.harness.report import X_LABELS, monotone_time, write_report
+
+
+def write_run(run_dir, times):
+    rows = []
+    for step, t in enumerate(times, start=1):
+        rows.append(
+            {
+                "step": step, "time_s": t, "mode": "pipeline", "reward/mean": 0.1 * step,
+                "reward/accuracy": 0.05 * step, "episodes/finished": 10, "errors/env_error_frac": 0.2,
+                "errors/verifier_failed_frac": 0.1 if step == 2 else 0.0, "errors/timeout_frac": 0.0,
+                "staleness/hist": {"0": 3, "1": 1}, "throughput/tokens_per_s": 100.0,
+            }
+        )  # fmt: skip
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    evals = [{"step": 0, "accuracy": 0.25, "time_s": 5.0}, {"step": 4, "accuracy": 0.75, "time_s": 30.0}]
+    (run_dir / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+
+
+def test_wall_time_of_a_resumed_run_never_goes_back():
+    # a run resumed twice by a labrl that restarted time_s at 0 each time
+    assert monotone_time([10, 20, 3, 8, 1]) == [10, 20, 20, 25, 25]
+    assert monotone_time([1, 2, 3]) == [1, 2, 3]
+
+
+def test_plots_are_against_the_step_with_both_axes_labelled_and_show_error_rates(tmp_path, capsys):
+    write_run(tmp_path, [10.0, 20.0, 3.0, 9.0])
+    report = write_report(tmp_path)
+    assert set(report.axes) == {
+        "reward",
+        "errors",
+        "staleness",
+        "is_ratio",
+        "masked",
+        "env_latency",
+        "throughput",
+    }
+    for name, (xlabel, ylabel) in report.axes.items():
+        assert xlabel and ylabel, name
+        if name != "staleness":  # a histogram over staleness values
+            assert xlabel == X_LABELS["step"] == "learner step", name
+    assert report.axes["reward"][1] == "reward / accuracy"
+    assert "failed episodes: env_error 0.200, verifier_failed 0.025, timeout 0.000" in report.summary
+
+    assert main(["report", str(tmp_path), "--x", "time", "--out", str(tmp_path / "t")]) == 0
+    assert "failed episodes: env_error 0.200" in capsys.readouterr().out
+    timed = write_report(tmp_path, tmp_path / "t", x="time")
+    assert timed.axes["reward"][0] == "wall-clock of training (min)"
