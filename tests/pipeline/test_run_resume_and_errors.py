@@ -145,7 +145,8 @@ async def test_env_and_verifier_failures_are_rated_logged_and_reported(letter_en
     await train(cfg)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     finished = sum(r["episodes/finished"] for r in rows)
-    env_errors = sum(r["errors/env_error_frac"] * r["episodes/finished"] for r in rows)
+    env_errors = sum((r["errors/env_error_frac"] or 0.0) * r["episodes/finished"] for r in rows)
+    assert all((r["errors/env_error_frac"] is None) == (r["episodes/finished"] == 0) for r in rows)
     assert finished > 0 and 0 < env_errors < finished
     assert rows[-1]["errors/env_error_total"] == round(env_errors)
     by_env = rows[-1]["errors/by_env"]["test/letter-v0"]
@@ -153,7 +154,8 @@ async def test_env_and_verifier_failures_are_rated_logged_and_reported(letter_en
     assert "env_error/verifier_failed 0." in summary_line(rows[-1], 3)
     errors = [json.loads(line) for line in (run / "errors.jsonl").read_text().splitlines()]
     train_errors = [e for e in errors if e["phase"] == "train" and e["outcome"] == "env_error"]
-    assert len(train_errors) == rows[-1]["errors/env_error_total"]
+    # every failure the metrics counted is in the log (groups finishing after the last step add more)
+    assert len(train_errors) >= rows[-1]["errors/env_error_total"]
     assert all(
         re.fullmatch(r"EnvError: letter backend down for task letter-train-\d+", e["message"])
         for e in train_errors
