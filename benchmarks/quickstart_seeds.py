@@ -112,11 +112,11 @@ def merge(tag: str) -> dict:
     if not results:
         raise SystemExit(f"no seed_*.json in {out_dir}: run some seeds first")
     accs = [r["accuracy"] for r in results if r["accuracy"] is not None]
-    print(f"{'seed':>4}  {'acc@' + str(results[0]['step']):>8}  {'peak':>6}  {'min':>6}  >= {THRESHOLD}")
+    print(f"{'seed':>4}  {'acc@' + str(results[0]['step']):>8}  {'peak':>6}  {'wall min':>8}  >= {THRESHOLD}")
     for r in results:
         acc = "-" if r["accuracy"] is None else f"{r['accuracy']:.3f}"
         peak = "-" if r["peak"] is None else f"{r['peak']:.3f}"
-        wall = f"{r['wall_s'] / 60:6.1f}"
+        wall = f"{r['wall_s'] / 60:8.1f}"
         ok = "yes" if r["accuracy"] is not None and r["accuracy"] >= THRESHOLD else "no"
         print(f"{r['seed']:>4}  {acc:>8}  {peak:>6}  {wall}  {ok}")
     summary = {
