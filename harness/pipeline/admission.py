@@ -24,6 +24,11 @@ groups run ahead; it is estimated from the run so far. A group whose real
 staleness exceeds the bound anyway (a slow env, a keep-rate misestimate) is
 trained with the objective's corrections and counted, never dropped.
 
+The run's end bounds admission too: a group is started only if the batch it
+is predicted to join is one of the run's, ``steps_done + busy + floor(ahead / B)
+< total_steps``. A group past the end would be generated (for a lab env: paid
+for) and never trained.
+
 ``sync`` is this rule with ``max_staleness = 0`` and ``keep_rate = 1``:
 exactly one batch is generated, then trained. ``one_step_off`` uses
 ``max_staleness = 1`` with weight updates deferred until no episode is in flight.
@@ -56,3 +61,11 @@ def predicted_staleness(state: AdmissionState, batch_groups: int, keep_rate: flo
 
 def may_start(state: AdmissionState, batch_groups: int, keep_rate: float, max_staleness: int) -> bool:
     return predicted_staleness(state, batch_groups, keep_rate) <= max_staleness
+
+
+def trained_before_end(
+    state: AdmissionState, batch_groups: int, keep_rate: float, steps_done: int, total_steps: int
+) -> bool:
+    """Whether a group started now joins a batch the run still trains (see the module docstring)."""
+    ahead_batches = predicted_train_version(state, batch_groups, keep_rate) - state.learner_version
+    return steps_done + ahead_batches < total_steps

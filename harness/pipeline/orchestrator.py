@@ -57,7 +57,7 @@ from labrl.errors import LabrlError
 from labrl.harness.batching import collate
 from labrl.harness.config import PipelineSection
 from labrl.harness.metrics import JsonlWriter, StepTimer
-from labrl.harness.pipeline.admission import AdmissionState, may_start
+from labrl.harness.pipeline.admission import AdmissionState, may_start, trained_before_end
 from labrl.harness.pipeline.buffer import Group, GroupBuffer
 from labrl.harness.pipeline.checkpoint import (
     LEARNER_FILE,
@@ -303,7 +303,12 @@ class Orchestrator:
     def _can_start(self) -> bool:
         if self._inflight_episodes + self.cfg.group_size > self.cfg.max_concurrent_episodes:
             return False
-        return may_start(self.admission_state(), self.cfg.batch_groups, self.keep_rate, self.max_staleness)
+        state = self.admission_state()
+        return may_start(
+            state, self.cfg.batch_groups, self.keep_rate, self.max_staleness
+        ) and trained_before_end(
+            state, self.cfg.batch_groups, self.keep_rate, self.step, self.cfg.total_steps
+        )
 
     async def _produce(self) -> None:
         while True:

@@ -53,6 +53,8 @@ async def test_sync_trains_on_policy_only():
     assert orch.sampler.updates == [1, 2, 3, 4, 5, 6]  # type: ignore[attr-defined]
     assert orch.sampler.mid_generation_updates == 0  # type: ignore[attr-defined]
     assert all(r["samples/trained"] == 12 for r in records)
+    # no group was started for a step past the end (a lab would have been paid for it)
+    assert not orch.restart_queue
 
 
 async def test_one_step_off_is_at_most_one_version_stale_and_never_updates_mid_generation():

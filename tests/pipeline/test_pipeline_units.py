@@ -19,6 +19,7 @@ from labrl.harness.pipeline import (
     predicted_train_version,
     process_overlong,
 )
+from labrl.harness.pipeline.admission import trained_before_end
 from labrl.harness.types import NO_VERSION, GenerateRequest, SamplingParams, Trajectory
 
 
@@ -138,6 +139,20 @@ def test_sync_admission_admits_exactly_one_batch():
     assert [may_start(state(k), 4, 1.0, 0) for k in range(6)] == [True] * 4 + [False] * 2
     assert not may_start(state(0, busy=True), 4, 1.0, 0)
     assert not may_start(state(0, learner=1, sampler=0), 4, 1.0, 0)  # weights not yet synced
+
+
+def test_no_group_starts_past_the_runs_last_batch():
+    def state(inflight: int, busy: bool = False, buffered: int = 0) -> AdmissionState:
+        return AdmissionState(9, busy, 9, buffered, inflight)
+
+    # 10 steps, 9 done: the last batch of 4 groups still has room for 4, then nothing
+    assert [trained_before_end(state(k), 4, 1.0, 9, 10) for k in range(6)] == [True] * 4 + [False] * 2
+    # the last step is training: whatever starts now would join step 11
+    assert not trained_before_end(state(0, busy=True), 4, 1.0, 9, 10)
+    # dynamic sampling drops half the groups: twice as many may run for the last batch
+    assert [trained_before_end(state(k), 4, 0.5, 9, 10) for k in range(10)] == [True] * 8 + [False] * 2
+    assert trained_before_end(state(0, buffered=3), 4, 1.0, 9, 10)
+    assert not trained_before_end(state(0, buffered=4), 4, 1.0, 9, 10)
 
 
 # -- overlong -------------------------------------------------------------------------
