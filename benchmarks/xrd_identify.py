@@ -1,17 +1,21 @@
 """Phase identification of simulated mixtures: ``identify`` vs peak-position matching, same run.
 
     OMP_NUM_THREADS=1 python benchmarks/xrd_identify.py [--mixtures 200] [--part i/n] [--merge]
-        [--full-library]
+        [--full-library] [--library v1|v0]
 
-Mixtures: the tier-3 samples of ``xrd/phase-id-v0`` (test split, seeds 1000..): 2-3 phases
-sharing elements (today's library: AFLOW prototypes, ASE elements and substitutions; the
-experimental entries of the ``xrd-library`` work are not on main yet), weight fractions
+Mixtures: the tier-3 samples (test split, seeds 1000..) of ``xrd/phase-id-v1`` (default:
+answers drawn from the v1 library's experimental entries, v1 physics: anomalous
+dispersion at Cu Kα1, graphite monochromator, per-phase Debye–Waller B 0.2-1.0 Å²) or,
+with ``--library v0``, of ``xrd/phase-id-v0`` (AFLOW prototypes, ASE elements and
+hypothetical substitutions; v0 physics): 2-3 phases sharing elements, weight fractions
 from a Dirichlet (each ≥ 10 %), per-phase crystallite size 40-300 nm and lattice strain
 ±0.2 %, March-Dollase preferred orientation (r 0.8-1.2) on 30 % of phases, zero shift
 ±0.06°, sample displacement ±0.1 mm, Caglioti W 0.0015-0.003, Cu Kα1/Kα2 doublet
 (ratio 0.5), a 3-term Chebyshev background of 100-400 counts, peak counts 5k-20k and
 Poisson noise. The lab knows the elements (as from its synthesis or XRF); the
-candidates are every library phase made of them (``--full-library``: all 591).
+candidates are every phase of ``identify``'s library made of them (v1: the
+experimental entries; ``--full-library``: all of them). With v1 the monochromator
+angle is given to ``identify`` (the lab knows its diffractometer).
 
 Per mixture:
 
@@ -30,7 +34,7 @@ Per mixture:
    ``envs.xrd.ranking`` for the v0 and the v1 fit, and the v1 reward of the true set
    with its true fractions vs with 20 wt% moved from the major to the minor phase.
 
-Writes benchmarks/results/xrd_identify[.partIofN].json; ``--merge`` combines the parts,
+Writes benchmarks/results/xrd_identify[_v0][.partIofN].json; ``--merge`` combines the parts,
 prints the table and writes benchmarks/results/xrd_identify.json.
 """
 
@@ -56,12 +60,20 @@ STRONG_LINE = 0.05
 MIN_FOM = 0.6
 
 
-def _mixture(seed: int):
-    from labrl.envs.xrd.tasks import PhaseIdConfig, build_task_prompt
+def _config(version: str):
+    from labrl.envs.xrd.tasks import PhaseIdConfig
+
+    if version == "v0":
+        return PhaseIdConfig(tier=3)
+    return PhaseIdConfig(tier=3, library="v1", answer_pool="experimental", physics="v1")
+
+
+def _mixture(seed: int, version: str):
+    from labrl.envs.xrd.tasks import build_task_prompt
     from labrl.verifiers.xrd.mixture import Sample, measure
     from labrl.verifiers.xrd.readers import MeasuredPattern
 
-    prompt, answer = build_task_prompt(PhaseIdConfig(tier=3), "test", seed)
+    prompt, answer = build_task_prompt(_config(version), "test", seed)
     sample = Sample.model_validate(prompt["sample"])
     m = measure(sample, prompt["noise_seed"])
     inst = sample.instrument
@@ -83,10 +95,9 @@ def _equivalent(a: str, b: str) -> bool:
     experiment tells apart (the library's few duplicates in another setting, e.g. pyrite in Pa-3
     and in P1; cosine above ``ranking.IDENTICAL_COSINE``, as the ranking study)."""
     from labrl.envs.xrd.ranking import IDENTICAL_COSINE, _fingerprint
-    from labrl.verifiers.xrd.library import load_library
+    from labrl.verifiers.xrd.library import resolve_phase
 
-    lib = load_library()
-    if lib.get(a).key == lib.get(b).key:
+    if resolve_phase(a).key == resolve_phase(b).key:
         return True
     return float(_fingerprint(a) @ _fingerprint(b)) > IDENTICAL_COSINE
 
@@ -161,18 +172,28 @@ def peak_match(pattern, candidates, instrument) -> tuple[tuple[str, ...], dict[s
     return tuple(chosen), zmv_weight_fractions(phases, np.array(scales), np.ones(len(chosen)))
 
 
-def run_one(seed: int, full_library: bool) -> dict:
+def run_one(seed: int, full_library: bool, version: str = "v1") -> dict:
     from labrl.envs.xrd.ranking import ranking_case
     from labrl.verifiers.xrd.fit import FitConfig, fit_phases
-    from labrl.verifiers.xrd.identify import candidate_phases, identify, instrument_for
+    from labrl.verifiers.xrd.identify import IdentifyOptions, candidate_phases, identify, instrument_for
     from labrl.verifiers.xrd.library import load_library
 
-    lib = load_library()
-    pattern, truth, elements = _mixture(seed)
-    out: dict = {"seed": seed, "truth": truth}
+    lib = load_library(version)
+    config = _config(version)
+    pattern, truth, elements = _mixture(seed, version)
+    out: dict = {"seed": seed, "library": version, "truth": truth}
+    # identify's library: v1 experimental entries (all of them with --full-library), or v0
+    library = ("v1-all" if full_library else "v1") if version == "v1" else "v0"
+    mono = 26.554 if version == "v1" else None  # tasks.MONOCHROMATOR_TWO_THETA
 
     t0 = time.perf_counter()
-    result = identify(pattern, elements=None if full_library else elements, top=3)
+    result = identify(
+        pattern,
+        elements=None if full_library else elements,
+        top=3,
+        library=library,
+        options=IdentifyOptions(monochromator_two_theta=mono),
+    )
     out["identify_s"] = time.perf_counter() - t0
     best = result.best
     out["identify"] = {p.id: p.weight_fraction for p in best.phases}
@@ -181,8 +202,8 @@ def run_one(seed: int, full_library: bool) -> dict:
     if pairs is not None:
         out["identify_wf_errors"] = [abs(p.weight_fraction - truth[pairs[p.id]]) for p in best.phases]
 
-    instrument = instrument_for(pattern)
-    candidates = candidate_phases((), "default", None if full_library else elements)
+    instrument = instrument_for(pattern, monochromator_two_theta=mono)
+    candidates, _ = candidate_phases((), library, None if full_library else elements)
     t0 = time.perf_counter()
     ids, fractions = peak_match(pattern, candidates, instrument)
     out["baseline_s"] = time.perf_counter() - t0
@@ -192,9 +213,9 @@ def run_one(seed: int, full_library: bool) -> dict:
     if pairs is not None:
         out["baseline_wf_errors"] = [abs(fractions[i] - truth[pairs[i]]) for i in ids]
 
-    for version in ("v0", "v1"):
-        case = ranking_case(seed, "test", FitConfig(version=version))
-        out[f"ranking_{version}"] = {
+    for fit_version in ("v0", "v1"):
+        case = ranking_case(seed, "test", FitConfig(version=fit_version), config)
+        out[f"ranking_{fit_version}"] = {
             "passed": case.passed,
             "true_reward": case.true_reward,
             "wrong": case.wrong,
@@ -202,10 +223,10 @@ def run_one(seed: int, full_library: bool) -> dict:
 
     # the v1 reward of the true set: true fractions vs 20 wt% moved from the major to the minor phase
     from labrl.envs.xrd.measure import observe
-    from labrl.envs.xrd.tasks import PhaseIdConfig, build_task_prompt
+    from labrl.envs.xrd.tasks import build_task_prompt
     from labrl.verifiers.xrd.profile import Instrument
 
-    prompt, _ = build_task_prompt(PhaseIdConfig(tier=3), "test", seed)
+    prompt, _ = build_task_prompt(config, "test", seed)
     obs = observe(prompt["sample"], prompt["noise_seed"], 10, 0)
     nominal = Instrument.model_validate(prompt["sample"]["instrument"]).model_copy(
         update={"zero_shift": 0.0, "displacement_mm": 0.0}
@@ -226,7 +247,7 @@ def summarize(rows: list[dict]) -> dict:
         return float(np.mean(xs)) if xs else float("nan")
 
     n = len(rows)
-    summary = {"mixtures": n}
+    summary = {"mixtures": n, "library": rows[0].get("library", "v0")}
     for name in ("identify", "baseline"):
         errors = [e for r in rows for e in r.get(f"{name}_wf_errors", [])]
         times = [r[f"{name}_s"] for r in rows]
@@ -258,7 +279,8 @@ def table(summary: dict) -> str:
     i, b = summary["identify"], summary["baseline"]
     r0, r1, fr = summary["ranking_v0"], summary["ranking_v1"], summary["fraction_reward_v1"]
     lines = [
-        f"{summary['mixtures']} mixtures (tier-3 samples, test split seeds {FIRST_SEED}..)",
+        f"{summary['mixtures']} mixtures ({summary.get('library', 'v0')} tier-3 samples, "
+        f"test split seeds {FIRST_SEED}..)",
         "| method | top-1 phase set | mean abs wt-fraction error | s / pattern (median) |",
         "|---|---|---|---|",
         f"| identify (screen + v1 fit) | {i['top1_accuracy']:.1%} | {i['mean_abs_wf_error']:.4f} | "
@@ -287,9 +309,12 @@ def main() -> int:
     parser.add_argument(
         "--full-library", action="store_true", help="candidates: all phases, not the elements'"
     )
+    parser.add_argument("--library", choices=["v1", "v0"], default="v1", help="task family and library")
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
-    stem = "xrd_identify_full" if args.full_library else "xrd_identify"
+    stem = ("xrd_identify_full" if args.full_library else "xrd_identify") + (
+        "_v0" if args.library == "v0" else ""
+    )
     if args.merge:
         parts = sorted(RESULTS.glob(f"{stem}.part*of*.json"))
         if not parts:
@@ -311,7 +336,7 @@ def main() -> int:
     rows = []
     t0 = time.perf_counter()
     for seed in seeds:
-        rows.append(run_one(seed, args.full_library))
+        rows.append(run_one(seed, args.full_library, args.library))
         r = rows[-1]
         print(
             f"seed {seed}: identify {'ok ' if r['identify_correct'] else 'BAD'} {r['identify_s']:.2f}s  "

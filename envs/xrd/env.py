@@ -66,7 +66,7 @@ SINGLE_ID = "xrd/phase-id-v0"
 TOOLS_ID = "xrd/phase-id-tools-v0"
 SINGLE_V1_ID = "xrd/phase-id-v1"
 TOOLS_V1_ID = "xrd/phase-id-tools-v1"
-_V1_DEFAULTS = {"library": "v1", "answer_pool": "experimental", "physics": "v1"}
+_V1_DEFAULTS = {"library": "v1", "answer_pool": "experimental", "physics": "v1", "fit": {"version": "v1"}}
 
 
 def _config(env_id: str, options: dict[str, Any]) -> PhaseIdConfig:

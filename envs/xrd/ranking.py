@@ -12,6 +12,10 @@ sets built to be hard:
 - ``drop``: the true set without its minor phase;
 - ``extra``: the true set plus the decoy of its major phase.
 
+``config`` picks the task family (default: tier 3 of ``xrd/phase-id-v0``; the
+v1 tasks with ``PhaseIdConfig(tier=3, library="v1", answer_pool="experimental",
+physics="v1")``); decoys come from that config's library.
+
 A task passes when the true set's label-free reward is strictly above every
 wrong set's. ``ranking_study`` returns the pass fraction and the details.
 """
@@ -26,7 +30,7 @@ import numpy as np
 from labrl.envs.xrd.measure import observe
 from labrl.envs.xrd.tasks import PhaseIdConfig, build_task_prompt
 from labrl.verifiers.xrd.fit import FitConfig, fit_phase_ids
-from labrl.verifiers.xrd.library import Phase, load_library
+from labrl.verifiers.xrd.library import Phase, PhaseLibrary, load_library, resolve_phase
 from labrl.verifiers.xrd.profile import Instrument
 from labrl.verifiers.xrd.simulate import stick_pattern
 
@@ -36,14 +40,14 @@ IDENTICAL_COSINE = 0.9999
 
 @cache
 def _fingerprint(phase_id: str) -> np.ndarray:
-    sticks = stick_pattern(load_library().get(phase_id), two_theta_range=(10.0, 80.0))
+    sticks = stick_pattern(resolve_phase(phase_id), two_theta_range=(10.0, 80.0))
     hist, _ = np.histogram(sticks.two_theta, bins=_BINS, weights=sticks.scaled)
     return hist / (np.linalg.norm(hist) or 1.0)
 
 
-def decoy(phase: Phase, exclude: set[str]) -> Phase:
+def decoy(phase: Phase, exclude: set[str], library: PhaseLibrary | None = None) -> Phase:
     """The library phase sharing an element with ``phase`` whose pattern is most similar to it."""
-    library = load_library()
+    library = library if library is not None else load_library()
     pool = [
         p
         for p in library
@@ -68,11 +72,13 @@ class RankingCase:
         return all(self.true_reward > r for r in self.wrong.values())
 
 
-def ranking_case(seed: int, split: str = "test", fit: FitConfig | None = None) -> RankingCase:
-    config = PhaseIdConfig(tier=3)
+def ranking_case(
+    seed: int, split: str = "test", fit: FitConfig | None = None, config: PhaseIdConfig | None = None
+) -> RankingCase:
+    config = config or PhaseIdConfig(tier=3)
     prompt, answer = build_task_prompt(config, split, seed)  # type: ignore[arg-type]
     obs = observe(prompt["sample"], prompt["noise_seed"], config.n_peaks, 0)
-    library = load_library()
+    library = load_library(config.library)
     phases = [library.get(p["id"]) for p in answer["phases"]]
     weights = [p["weight_fraction"] for p in answer["phases"]]
     true_ids = tuple(p.id for p in phases)
@@ -85,15 +91,13 @@ def ranking_case(seed: int, split: str = "test", fit: FitConfig | None = None) -
 
     wrong_sets: dict[str, tuple[str, ...]] = {}
     for i, p in enumerate(phases):
-        d = decoy(p, set(true_ids))
+        d = decoy(p, set(true_ids), library)
         wrong_sets[f"swap {p.id}->{d.id}"] = (*true_ids[:i], d.id, *true_ids[i + 1 :])
     minor = int(np.argmin(weights))
     wrong_sets[f"drop {true_ids[minor]}"] = true_ids[:minor] + true_ids[minor + 1 :]
     major = int(np.argmax(weights))
-    wrong_sets[f"extra {decoy(phases[major], set(true_ids)).id}"] = (
-        *true_ids,
-        decoy(phases[major], set(true_ids)).id,
-    )
+    extra = decoy(phases[major], set(true_ids), library)
+    wrong_sets[f"extra {extra.id}"] = (*true_ids, extra.id)
     return RankingCase(
         seed=seed,
         true_ids=true_ids,

@@ -28,7 +28,20 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--cif", action="append", default=[], metavar="FILE", help="candidate structure (repeatable)"
     )
-    p.add_argument("--library", default="default", help="'default' (the shipped library) or 'none'")
+    p.add_argument(
+        "--library",
+        default="v1",
+        choices=["v1", "v1-all", "v0", "none", "default"],
+        help="v1 (default; the v1 library's experimental entries), v1-all (with hypothetical ones), "
+        "v0 (frozen), none (only --cif); 'default' = v1",
+    )
+    p.add_argument(
+        "--monochromator",
+        type=float,
+        default=None,
+        metavar="DEG",
+        help="Bragg angle 2θ_m of a monochromator crystal (graphite 002 with Cu Kα: 26.554)",
+    )
     p.add_argument("--elements", default=None, help="only library phases made of these, e.g. Ti,O,Na,Cl")
     p.add_argument("--top", type=int, default=5, help="how many ranked phase sets to report")
     p.add_argument("--max-phases", type=int, default=3, help="largest phase set tried")
@@ -51,7 +64,7 @@ def cmd_identify(args: argparse.Namespace) -> int:
         library=args.library,
         elements=elements,
         top=args.top,
-        options=IdentifyOptions(max_phases=args.max_phases),
+        options=IdentifyOptions(max_phases=args.max_phases, monochromator_two_theta=args.monochromator),
     )
     plot = str(plot_fit(result, args.plot)) if args.plot else None
     if args.json:

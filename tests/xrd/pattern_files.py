@@ -32,10 +32,11 @@ XRDML_NS_LEGACY = "http://www.xrdml.com/XRDMeasurement/1.0"
 
 SAMPLE = Sample(
     components=(
-        Component(phase_id="NaCl_225", weight_fraction=0.6, crystallite_nm=120.0),
-        Component(phase_id="TiO2_136", weight_fraction=0.4, crystallite_nm=60.0),
+        Component(phase_id="NaCl_225_cF8", weight_fraction=0.6, crystallite_nm=120.0, b_iso=1.0),
+        Component(phase_id="TiO2_136_tP6", weight_fraction=0.4, crystallite_nm=60.0, b_iso=0.4),
     ),
-    instrument=Instrument(two_theta_min=15.0, two_theta_max=75.0, step=0.02),
+    # v1 physics: f', f'' at Cu Kα1 (identify switches them on for anode lines) and per-phase B
+    instrument=Instrument(two_theta_min=15.0, two_theta_max=75.0, step=0.02, anomalous_dispersion=True),
     peak_counts=8000.0,
 )
 

@@ -59,3 +59,16 @@ async def test_v1_simulate_tool_reports_ka1_positions():
     assert first == pytest.approx(round(ka1, 2), abs=1e-9)
     assert abs(first - averaged) > 0.02
     assert reply["wavelength"].startswith("Ka1 1.54056")
+
+
+@pytest.mark.parametrize("tier", [1, 2, 3])
+async def test_v1_label_free_reward_of_gold_answers_is_at_least_0_9(tier):
+    """The v1 envs score with the v1 fit (per-phase B, the task's dispersion and monochromator)."""
+    env = make("xrd/phase-id-v1", tier=tier, reward_mode="label_free", offload=False)
+    for seed in range(6):
+        task = env.make_task("test", seed)
+        await env.reset(task)
+        result = await env.step(env.gold_actions(task)[0])
+        assert result.reward >= 0.9, (seed, result.info["fit"])
+        assert result.info["fit"]["version"] == "v1" and result.info["fit"]["b_iso"]
+        assert result.info["fit"]["superfluous"] == []

@@ -148,3 +148,30 @@ async def test_env_label_free_reward_with_the_v1_fit_scores_claimed_fractions():
     await off_env.reset(task)
     off = await off_env.step(Action(text=json.dumps(claim)))
     assert off.outcome is Outcome.OK and off.reward < gold.reward - 0.2
+
+
+def test_v1_refines_debye_waller_b_per_phase_and_its_fractions():
+    """Two phases with different B under v1 physics: the fit recovers each B and, with it, the fractions."""
+    inst = Instrument(anomalous_dispersion=True, monochromator_two_theta=26.554)
+    sample = Sample(
+        components=(
+            Component(phase_id="Al2O3_167_hR10", weight_fraction=0.6, crystallite_nm=150.0, b_iso=0.3),
+            Component(phase_id="CeO2_225_cF12", weight_fraction=0.4, crystallite_nm=80.0, b_iso=1.2),
+        ),
+        instrument=inst,
+        peak_counts=20_000.0,
+    )
+    m = measure(sample, seed=3)
+    lib = load_library("v1")
+    phases = [lib.get("Al2O3_167_hR10"), lib.get("CeO2_225_cF12")]
+    fixed = FitConfig(version="v1", v1={"refine_b_iso": False})
+    with_b = fit_phases(m.two_theta, m.counts, phases, inst, V1)
+    without_b = fit_phases(m.two_theta, m.counts, phases, inst, fixed)
+    # B of the light-atom phase is the less certain (seeds 3-5 give 0.10-0.42)
+    assert with_b.b_iso["Al2O3_167_hR10"] == pytest.approx(0.3, abs=0.3)
+    assert with_b.b_iso["CeO2_225_cF12"] == pytest.approx(1.2, abs=0.2)
+    assert with_b.b_iso["CeO2_225_cF12"] - with_b.b_iso["Al2O3_167_hR10"] > 0.5
+    assert without_b.b_iso == {} and "b_iso" in with_b.summary()
+    assert with_b.rwp < without_b.rwp
+    err = abs(with_b.weight_fractions["CeO2_225_cF12"] - 0.4)
+    assert err < 0.02 and err < abs(without_b.weight_fractions["CeO2_225_cF12"] - 0.4)

@@ -9,8 +9,8 @@ import pytest
 from pattern_files import SAMPLE, simulated, write_csv, write_xrdml, write_xy
 
 from labrl.cli import main
-from labrl.errors import ConfigError
-from labrl.verifiers.xrd.identify import identify, instrument_for
+from labrl.errors import ConfigError, StructureFileError
+from labrl.verifiers.xrd.identify import candidate_phases, identify, instrument_for
 from labrl.verifiers.xrd.library import load_library
 from labrl.verifiers.xrd.readers import read_pattern
 from labrl.verifiers.xrd.scattering import CU_KA1, CU_KA2
@@ -25,10 +25,12 @@ def xrdml(tmp_path_factory):
 
 
 def test_identify_recovers_phases_fractions_and_lattices(xrdml):
-    result = identify(xrdml, top=3)  # the whole library (591 phases) is screened
+    result = identify(xrdml, top=3)  # the v1 library's experimental entries are screened
     best = result.best
     assert set(best.ids) == set(TRUTH)
-    lib = load_library()
+    lib = load_library("v1")
+    assert result.instrument.anomalous_dispersion and result.instrument.monochromator_two_theta is None
+    assert best.fit.b_iso["NaCl_225_cF8"] == pytest.approx(1.0, abs=0.3)
     for p in best.phases:
         assert p.weight_fraction == pytest.approx(TRUTH[p.id], abs=0.03)
         assert np.allclose(p.abc, lib.get(p.id).abc, rtol=0.004)
@@ -41,16 +43,48 @@ def test_identify_recovers_phases_fractions_and_lattices(xrdml):
 def test_identify_with_user_cifs_and_no_library(tmp_path, xrdml):
     from pymatgen.io.cif import CifWriter
 
-    lib = load_library()
+    lib = load_library("v1")
     cifs = []
-    for pid in ["NaCl_225", "TiO2_136", "ZnS_216"]:  # ZnS is not in the sample
+    for pid in ["NaCl_225_cF8", "TiO2_136_tP6", "ZnS_216_cF8"]:  # ZnS is not in the sample
         path = tmp_path / f"{pid}.cif"
         CifWriter(lib.get(pid).to_pymatgen()).write_file(str(path))
         cifs.append(path)
+    cifs.append(cifs[0])  # the same structure twice is one candidate
     result = identify(xrdml, cifs=cifs, library="none")
-    assert set(result.best.ids) == {"NaCl_225:NaCl_225", "TiO2_136:TiO2_136"}
+    assert set(result.best.ids) == set(TRUTH)
+    assert {p.source for p in result.best.phases} == {"user"}
+    assert len(result.screened) == 3
     fractions = {p.formula: p.weight_fraction for p in result.best.phases}
     assert fractions["NaCl"] == pytest.approx(0.6, abs=0.03)
+
+
+def test_candidates_one_cif_reader_deduplicated_against_the_library(tmp_path):
+    from pymatgen.core import Lattice, Structure
+    from pymatgen.io.cif import CifWriter
+
+    lib = load_library("v1")
+    rutile = tmp_path / "rutile.cif"
+    CifWriter(lib.get("TiO2_136_tP6").to_pymatgen()).write_file(str(rutile))
+    cscl = tmp_path / "nacl_cscl.cif"  # NaCl in the CsCl structure (high pressure): not in the library
+    CifWriter(Structure(Lattice.cubic(3.0), ["Na", "Cl"], [[0, 0, 0], [0.5, 0.5, 0.5]])).write_file(str(cscl))
+    phases, n_cif = candidate_phases([rutile, cscl], "v1", ["Na", "Cl", "Ti", "O"])
+    ids = [p.id for p in phases]
+    assert n_cif == 2 and ids[0] == "TiO2_136_tP6" and phases[0].source == "curated"  # matched
+    assert phases[1].source == "user" and phases[1].formula == "NaCl" and phases[1].spacegroup_number == 221
+    assert len(ids) == len(set(ids))
+    assert all(p.experimental for p in phases)
+    everything, _ = candidate_phases([], "v1-all", ["Na", "Cl", "Ti", "O"])
+    assert any(not p.experimental for p in everything)
+    v0, _ = candidate_phases([], "v0", ["Na", "Cl"])
+    assert "NaCl_225" in {p.id for p in v0}
+    with pytest.raises(ConfigError, match="unknown library"):
+        candidate_phases([], "v2")
+    with pytest.raises(StructureFileError, match="no such CIF"):
+        candidate_phases([tmp_path / "missing.cif"], "none")
+    with pytest.warns(DeprecationWarning):
+        from labrl.verifiers.xrd.cif import phase_from_cif
+
+        assert phase_from_cif(rutile).formula == "TiO2"
 
 
 def test_anode_wavelength_sets_the_doublet_and_unknown_is_monochromatic(tmp_path):
@@ -82,7 +116,7 @@ def test_cli_text_output_and_typed_errors(tmp_path, capsys):
     xy = write_xy(tmp_path / "m.xy", x, y)
     assert main(["xrd", "identify", str(xy), "--elements", "Na,Cl,Ti,O", "--top", "2"]) == 0
     out = capsys.readouterr().out
-    assert "#1  reward" in out and "NaCl_225" in out and "TiO2_136" in out and "#3" not in out
+    assert "#1  reward" in out and "NaCl_225_cF8" in out and "TiO2_136_tP6" in out and "#3" not in out
 
     csv = write_csv(tmp_path / "m.csv", x, y)
     assert main(["xrd", "identify", str(csv)]) == 2  # no wavelength anywhere

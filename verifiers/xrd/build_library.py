@@ -418,13 +418,16 @@ def _v0_as_v1(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def merge_unique(
-    records: list[dict[str, Any]], existing: list[dict[str, Any]] | None = None
+    records: list[dict[str, Any]],
+    existing: list[dict[str, Any]] | None = None,
+    matched: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """``existing`` + the records not matching any earlier one (pymatgen ``StructureMatcher``).
 
     Only records of equal reduced composition are compared. Distinct phases
     with equal ids (same formula, space group and Pearson symbol) get ``-b``,
-    ``-c``, ... appended.
+    ``-c``, ... appended. ``matched``, when given, receives for every record the
+    id it ends up as: its own (suffixed) id when kept, else the id of the entry it matched.
     """
     from pymatgen.analysis.structure_matcher import StructureMatcher
     from pymatgen.core import Lattice, Structure
@@ -449,12 +452,17 @@ def merge_unique(
     for r in records:
         same = by_formula.get(r["formula"], [])
         structure = structure_of(r) if same else None
-        if same and any(matches(structure, entry) for entry in same):
+        hit = next((entry for entry in same if matches(structure, entry)), None) if same else None
+        if hit is not None:
+            if matched is not None:
+                matched.append(hit[0]["id"])
             continue
         base, suffix = r["id"], iter("bcdefghijklmnopqrstuvwxyz")
         while r["id"] in ids:
             r = {**r, "id": f"{base}-{next(suffix)}"}
         ids.add(r["id"])
+        if matched is not None:
+            matched.append(r["id"])
         kept.append(r)
         by_formula.setdefault(r["formula"], []).append([r, structure])
     return kept

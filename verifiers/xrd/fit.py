@@ -71,6 +71,11 @@ class FitV1Options(BaseModel):
     fraction_tolerance: float = Field(default=0.03, ge=0.0, le=1.0)
     fraction_scale: float = Field(default=0.2, gt=0.0, le=1.0)
     fraction_weight: float = Field(default=0.5, ge=0.0, le=1.0)
+    # one isotropic Debye–Waller B (Å²) per phase, refined in the Gauss–Newton steps from
+    # ``b_iso_start`` within [0, ``max_b_iso``]; False: B = 0 (the v1 fit before B was added)
+    refine_b_iso: bool = True
+    b_iso_start: float = Field(default=0.5, ge=0.0, le=10.0)
+    max_b_iso: float = Field(default=3.0, ge=0.0, le=10.0)
 
 
 class FitConfig(BaseModel):
@@ -111,6 +116,7 @@ class FitResult:
     significance: dict[str, float] = field(default_factory=dict)
     fraction_mae: float | None = None
     background: np.ndarray | None = field(default=None, repr=False)  # (n,) fitted background
+    b_iso: dict[str, float] = field(default_factory=dict)  # refined Debye–Waller B per phase (Å²)
 
     def summary(self) -> dict[str, object]:
         if self.version != "v0":
@@ -140,6 +146,7 @@ class FitResult:
             "lattice_scales": {k: round(v, 5) for k, v in self.lattice_scales.items()},
             "crystallite_nm": {k: round(v, 1) for k, v in self.crystallite_nm_by_phase.items()},
             "microstrain": {k: round(v, 5) for k, v in self.microstrain.items()},
+            "b_iso": {k: round(v, 3) for k, v in self.b_iso.items()},
             "significance": {k: round(v, 1) for k, v in self.significance.items()},
             "superfluous": list(self.superfluous),
             "fraction_mae": None if self.fraction_mae is None else round(self.fraction_mae, 4),

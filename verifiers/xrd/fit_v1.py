@@ -14,10 +14,20 @@ microstrain ε_p, and the peaks also move with the sample displacement s (mm)::
 
 S_p ≥ 0 and the Chebyshev c_k are linear (weighted least squares, w = 1/max(y, 1),
 active set on the S_p). The nonlinear parameters are refined around that solve:
-a coarse zero-shift scan, two Gauss–Newton steps on (zero, s, a_p)
+a coarse zero-shift scan, two Gauss–Newton steps on (zero, s, a_p, B_p)
 (P(x − δ) ≈ P − δ P'), a coordinate-descent scan of each L_p on
 ``size_grid_nm`` and then of each ε_p on ``microstrain_grid`` (the other
 phases held), and a last Gauss–Newton step.
+
+Debye–Waller: every phase p has one isotropic B_p (Å²), so each of its Kα1
+sticks k (at s_k = sin θ_k / λ₁) has intensity I_k · exp(−2 B_p s_k²), exactly
+what the simulator gives for ``Component.b_iso`` (the amplitude factor
+exp(−B s²) is common to all atoms, f′ and f″ included). B_p starts at
+``b_iso_start`` and is refined in the Gauss–Newton steps within
+[0, ``max_b_iso``] with the column derivative
+∂P_p/∂B_p = render of the sticks I_k · (−2 s_k²) · exp(−2 B_p s_k²).
+The instrument's anomalous dispersion and monochromator polarisation are in
+the sticks themselves (``phase_sticks``), as in the measurement.
 
 Weight fractions from the scales (Hill & Howard 1987, the ZMV rule)::
 
@@ -113,6 +123,7 @@ class _State:
         self.lattice = np.ones(n_phase)
         self.size = np.full(n_phase, size)
         self.strain = np.zeros(n_phase)
+        self.b_iso = np.zeros(n_phase)
 
 
 def fit_phases_v1(
@@ -140,8 +151,21 @@ def fit_phases_v1(
     dshift_dstrain = -np.degrees(2.0 * np.tan(theta))  # d(2θ)/dε_a for a lattice scale 1 + ε_a
     dshift_ddisp = -np.degrees(2.0 * np.cos(theta) / instrument.goniometer_radius_mm)  # d(2θ)/ds
     state = _State(n_phase, 100.0)
+    refine_b = opts.refine_b_iso and opts.max_b_iso > 0
+    if refine_b:
+        state.b_iso[:] = min(opts.b_iso_start, opts.max_b_iso)
+    # s² = (sin θ / λ₁)² of every Kα1 stick, for the Debye–Waller factor
+    s2 = [(np.sin(np.radians(pos / 2.0)) / instrument.wavelength_ka1) ** 2 for pos, _ in sticks]
 
-    def render(size: np.ndarray, strain: np.ndarray) -> list[np.ndarray]:
+    def b_sticks(derivative: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The sticks with I_k exp(−2 B_p s_k²) (or its B derivative when ``derivative``)."""
+        out = []
+        for (pos, inten), q, b in zip(sticks, s2, state.b_iso, strict=True):
+            factor = np.exp(-2.0 * b * q)
+            out.append((pos, inten * factor * (-2.0 * q if derivative else 1.0)))
+        return out
+
+    def render(size: np.ndarray, strain: np.ndarray, derivative: bool = False) -> list[np.ndarray]:
         inst = instrument.model_copy(
             update={
                 "zero_shift": instrument.zero_shift + state.zero,
@@ -150,7 +174,7 @@ def fit_phases_v1(
         )
         return render_phases(
             inst,
-            sticks,
+            b_sticks(derivative) if refine_b else sticks,
             state.lattice.tolist(),
             crystallite_nm=size.tolist(),
             grid=grid,
@@ -173,9 +197,11 @@ def fit_phases_v1(
             extra.append(-dshift_ddisp * total)
         if config.max_lattice_strain > 0:
             extra += list((-(dshift_dstrain[:, None] * derivs) * scales).T)
+        if refine_b:
+            extra += [col * s for col, s in zip(render(state.size, state.strain, True), scales, strict=True)]
         a = np.hstack([design, problem.design(extra)])
         coef = _lsq(a.T @ a, a.T @ problem.y_perp, a, problem.y_perp)[n_phase:]
-        start = (state.zero, state.displacement, state.lattice.copy())
+        start = (state.zero, state.displacement, state.lattice.copy(), state.b_iso.copy())
         live = scales > 0
         lo, hi = 1 - config.max_lattice_strain, 1 + config.max_lattice_strain
         for damping in (1.0, 0.5, 0.25, 0.1):
@@ -189,10 +215,17 @@ def fit_phases_v1(
                 )
                 k = 2
             if config.max_lattice_strain > 0:
-                state.lattice = np.where(live, np.clip(start[2] + damping * coef[k:], lo, hi), start[2])
+                state.lattice = np.where(
+                    live, np.clip(start[2] + damping * coef[k : k + n_phase], lo, hi), start[2]
+                )
+                k += n_phase
+            if refine_b:
+                state.b_iso = np.where(
+                    live, np.clip(start[3] + damping * coef[k : k + n_phase], 0.0, opts.max_b_iso), start[3]
+                )
             if current_rwp() <= rwp0:
                 return
-        state.zero, state.displacement, state.lattice = start
+        state.zero, state.displacement, state.lattice, state.b_iso = start
 
     def scan(values: tuple[float, ...], which: str) -> None:
         """Coordinate descent of each phase's size or microstrain over ``values``."""
@@ -221,7 +254,7 @@ def fit_phases_v1(
         getattr(state, which)[:] = np.asarray(values)[current]
 
     rwp_bg = problem.rwp(problem.y_perp)
-    n_params = 4 * n_phase + 2 + config.background_degree + 1
+    n_params = (5 if refine_b else 4) * n_phase + 2 + config.background_degree + 1
     dof = max(len(grid) - n_params, 1)
     rexp = float(np.sqrt(dof / problem.norm))
 
@@ -296,4 +329,5 @@ def fit_phases_v1(
         significance=significance,
         fraction_mae=mae,
         background=model - peaks,
+        b_iso=dict(zip(ids, state.b_iso.tolist(), strict=True)) if refine_b else {},
     )

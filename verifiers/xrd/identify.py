@@ -36,9 +36,10 @@ from typing import Any
 import numpy as np
 
 from labrl.errors import ConfigError
+from labrl.verifiers.xrd.anomalous import line_for
 from labrl.verifiers.xrd.fit import FitConfig, FitResult, _Problem, fit_phases
 from labrl.verifiers.xrd.fit_v1 import sticks_of
-from labrl.verifiers.xrd.library import Phase, load_library
+from labrl.verifiers.xrd.library import Phase
 from labrl.verifiers.xrd.profile import Instrument, chebyshev_basis, render_phases
 from labrl.verifiers.xrd.readers import MeasuredPattern, read_pattern
 from labrl.verifiers.xrd.scattering import CU_KA1, CU_KA2
@@ -56,8 +57,18 @@ ANODES: dict[str, tuple[float, float]] = {
 _ANODE_TOL = 0.002  # Å
 
 
-def instrument_for(pattern: MeasuredPattern, wavelength: float | None = None) -> Instrument:
-    """The nominal instrument of ``pattern``: its scan range and step, its wavelengths (module docstring)."""
+def instrument_for(
+    pattern: MeasuredPattern,
+    wavelength: float | None = None,
+    *,
+    monochromator_two_theta: float | None = None,
+) -> Instrument:
+    """The nominal instrument of ``pattern``: its scan range and step, its wavelengths (module docstring).
+
+    Anomalous dispersion (f′, f″) is on wherever the Kα1 wavelength is a tabulated anode line
+    (``anomalous.line_for``), off otherwise (synchrotron energies are not tabulated);
+    ``monochromator_two_theta`` sets the monochromator polarisation (None: none).
+    """
     lam = pattern.wavelength if pattern.wavelength is not None else wavelength
     if lam is None:
         raise ConfigError(
@@ -72,7 +83,14 @@ def instrument_for(pattern: MeasuredPattern, wavelength: float | None = None) ->
                 break
     if ka2 is None:
         ka2, ratio = lam, 0.0
+    try:
+        line_for(float(lam))
+        anomalous = True
+    except ConfigError:
+        anomalous = False
     return Instrument(
+        anomalous_dispersion=anomalous,
+        monochromator_two_theta=monochromator_two_theta,
         two_theta_min=float(pattern.two_theta[0]),
         two_theta_max=float(pattern.two_theta[-1]),
         step=pattern.step,
@@ -178,6 +196,7 @@ class IdentifyOptions:
         n_extend: int = 6,
         screen_crystallite_nm: float = 25.0,
         fit: FitConfig | None = None,
+        monochromator_two_theta: float | None = None,
     ):
         if max_phases < 1 or n_screen < 1 or beam < 1 or n_fit < 1:
             raise ConfigError("max_phases, n_screen, beam and n_fit must be at least 1")
@@ -188,30 +207,49 @@ class IdentifyOptions:
         self.n_extend = n_extend
         self.screen_crystallite_nm = screen_crystallite_nm
         self.fit = fit or FitConfig(version="v1")
+        self.monochromator_two_theta = monochromator_two_theta  # degrees; None: no monochromator
+
+
+#: ``library`` values of ``identify``: "v1" (the default) is the v1 library's experimental entries
+LIBRARY_CHOICES = ("v1", "v1-all", "v0", "none")
 
 
 def candidate_phases(
     cifs: Sequence[str | Path] = (),
-    library: str | None = "default",
+    library: str | None = "v1",
     elements: Sequence[str] | None = None,
-) -> list[Phase]:
-    """The user's CIF phases, then the library's (``library="default"``; None or "none": no library)."""
-    from labrl.verifiers.xrd.cif import phase_from_cif
+) -> tuple[list[Phase], int]:
+    """(candidates, how many of them the CIFs gave): the CIF phases first, then the library's.
 
-    phases = [phase_from_cif(c) for c in cifs]
-    if library not in (None, "none"):
-        if library != "default":
-            raise ConfigError(f"unknown library {library!r}: use 'default' or 'none'")
-        lib = load_library()
-        pool = lib.search(list(elements)) if elements else list(lib)
-        phases += pool
-    ids = [p.id for p in phases]
-    if len(set(ids)) != len(ids):
-        dup = sorted({i for i in ids if ids.count(i) > 1})
-        raise ConfigError(f"candidate phases repeat ids {dup}: pass each CIF once")
+    ``library``: ``"v1"`` the experimental entries of the v1 library (no hypothetical
+    substitutions: a measured sample holds real compounds), ``"v1-all"`` all v1 entries,
+    ``"v0"`` the frozen v0 library, ``"none"`` (or None) only the CIFs; ``"default"`` is ``"v1"``.
+    CIFs are read, validated and deduplicated by ``library.load_library``'s rules: a CIF whose
+    structure matches a library phase (``StructureMatcher``) is that phase.
+    """
+    from labrl.verifiers.xrd.library import PhaseLibrary, cif_paths, cif_phases, load_library
+
+    choice = "v1" if library == "default" else ("none" if library is None else library)
+    if choice not in LIBRARY_CHOICES:
+        raise ConfigError(f"unknown library {library!r}: use one of {', '.join(LIBRARY_CHOICES)}")
+    base = PhaseLibrary([]) if choice == "none" else load_library("v0" if choice == "v0" else "v1")
+    user: list[Phase] = []
+    if cifs:
+        _, user = cif_phases(base, cif_paths(cifs))
+    pool: list[Phase] = []
+    if choice != "none":
+        pool = base.search(list(elements)) if elements else list(base)
+        if choice == "v1":
+            pool = [p for p in pool if p.experimental]
+    phases: list[Phase] = []
+    seen: set[str] = set()
+    for p in [*user, *pool]:  # a CIF matching a library phase (or another CIF) is listed once
+        if p.id not in seen:
+            seen.add(p.id)
+            phases.append(p)
     if not phases:
-        raise ConfigError("no candidate phases: give --cif files or --library default")
-    return phases
+        raise ConfigError("no candidate phases: give --cif files or a library")
+    return phases, len({p.id for p in user})
 
 
 def _screen(
@@ -250,7 +288,7 @@ def identify(
     *,
     wavelength: float | None = None,
     cifs: Sequence[str | Path] = (),
-    library: str | None = "default",
+    library: str | None = "v1",
     elements: Sequence[str] | None = None,
     top: int = 5,
     options: IdentifyOptions | None = None,
@@ -264,14 +302,13 @@ def identify(
         raise ConfigError(
             f"{pattern.source.get('path', 'pattern')}: {len(pattern.two_theta)} points; need 20"
         )
-    instrument = instrument_for(pattern, wavelength)
-    phases = candidate_phases(cifs, library, elements)
+    instrument = instrument_for(pattern, wavelength, monochromator_two_theta=options.monochromator_two_theta)
+    phases, n_cif = candidate_phases(cifs, library, elements)
     grid = pattern.two_theta
     counts = pattern.intensity
     problem = _Problem(counts, chebyshev_basis(instrument, options.fit.background_degree, grid))
     scores, design = _screen(problem, grid, instrument, phases, options.screen_crystallite_nm)
     order = [int(i) for i in np.argsort(-scores, kind="stable")]
-    n_cif = len(cifs)
     pool = [*range(n_cif), *(i for i in order[: options.n_screen] if i >= n_cif)]  # best first
     sets = _beam_search(problem, design, pool, options.max_phases, options.beam)
     # the best few sets of each size go to the full fit

@@ -253,6 +253,15 @@ def read_cif(path: str | Path) -> list[Any]:
 
 def add_cif_phases(library: PhaseLibrary, paths: Iterable[str | Path]) -> PhaseLibrary:
     """``library`` plus the CIF structures not matching one of its phases (see ``load_library``)."""
+    return cif_phases(library, paths)[0]
+
+
+def cif_phases(library: PhaseLibrary, paths: Iterable[str | Path]) -> tuple[PhaseLibrary, list[Phase]]:
+    """(``library`` plus the new CIF phases, the phase of every CIF structure in file order).
+
+    A structure matching a library phase (or an earlier CIF's) is that phase, not a new one:
+    the list tells the caller which phases the user asked for either way.
+    """
     from labrl.verifiers.xrd.build_library import merge_unique, phase_record_v1
 
     records: list[dict[str, Any]] = []
@@ -270,11 +279,13 @@ def add_cif_phases(library: PhaseLibrary, paths: Iterable[str | Path]) -> PhaseL
                 raise StructureFileError(f"{path}: {exc}") from None
             records.append(record)
     existing = [_record_of(p) for p in library]
-    merged = merge_unique(records, existing=existing)
+    matched: list[str] = []
+    merged = merge_unique(records, existing=existing, matched=matched)
     added = [_phase_from_record(r) for r in merged[len(existing) :]]
     for phase in added:
         _USER_PHASES[phase.id] = phase
-    return PhaseLibrary([*library.phases, *added])
+    extended = PhaseLibrary([*library.phases, *added]) if added else library
+    return extended, [extended.get(pid) for pid in matched]
 
 
 def _record_of(phase: Phase) -> dict[str, Any]:
