@@ -51,25 +51,17 @@ STRUCTURE_SCHEMA: dict[str, Any] = {
     },
     "required": ["lattice", "species", "frac_coords"],
 }
+
+
+def _structure_tool(name: str, description: str) -> ToolSpec:
+    """A calculator tool whose one argument is a structure (``STRUCTURE_SCHEMA``)."""
+    parameters = {"type": "object", "properties": {"structure": STRUCTURE_SCHEMA}, "required": ["structure"]}
+    return ToolSpec(name=name, description=description, parameters=parameters)
+
+
 TOOLS = (
-    ToolSpec(
-        name="energy",
-        description="Total energy (eV) and energy per atom of a structure, as given.",
-        parameters={
-            "type": "object",
-            "properties": {"structure": STRUCTURE_SCHEMA},
-            "required": ["structure"],
-        },
-    ),
-    ToolSpec(
-        name="relax",
-        description="Relax atoms and cell; returns the relaxed structure and its energy.",
-        parameters={
-            "type": "object",
-            "properties": {"structure": STRUCTURE_SCHEMA},
-            "required": ["structure"],
-        },
-    ),
+    _structure_tool("energy", "Total energy (eV) and energy per atom of a structure, as given."),
+    _structure_tool("relax", "Relax atoms and cell; returns the relaxed structure and its energy."),
 )
 DEFAULT_ELEMENTS = ("Al", "Cu", "Ag", "Au", "Ni", "Pd", "Pt")
 
