@@ -15,6 +15,7 @@ import json
 import pytest
 import torch
 from rollout_builders import as_trajectories, random_requests
+from run_configs import replay_training
 
 from labrl.harness import objectives
 from labrl.harness.batching import collate
@@ -165,8 +166,7 @@ def test_pipeline_in_process_with_the_local_sampler_on_cuda(tmp_path):
         },
         "model": {"preset": "tiny-moe", "overrides": {"max_sequence_length": 256, "num_layers": 2}},
         "sampler": {"kind": "local", "local": {"max_batch_size": 32}, "max_new_tokens": 6},
-        "learner": {"optimizer": {"lr": 1e-3}, "micro_batch_size": 16, "router_replay": True},
-        "objective": {"loss": "cispo", "corrections": ["m2po"]},
+        **replay_training(16),
         "pipeline": {
             "mode": "pipeline",
             "batch_groups": 4,

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 import torch
+from run_configs import replay_training
 
 from labrl.envs import Action, Env, EnvSpec, Message, Observation, StepResult, Task, deregister, register
 from labrl.harness.types import TrainBatch
@@ -99,8 +100,7 @@ def run_config(run_dir: Path, urls: list[str], *, steps: int, model_overrides: d
             "max_new_tokens": 6,
             "temperature": 1.0,
         },
-        "learner": {"optimizer": {"lr": 1e-3}, "micro_batch_size": 8, "router_replay": True},
-        "objective": {"loss": "cispo", "corrections": ["m2po"]},
+        **replay_training(8),
         "pipeline": {
             "mode": "pipeline",
             "batch_groups": 2,
