@@ -46,8 +46,9 @@ from typing import Any, ClassVar
 
 from labrl.envs.base import Env
 from labrl.envs.lab.session import LabSettings, check_settings, connection
+from labrl.envs.lab_errors import lab_errors_as_env_errors
 from labrl.envs.types import Action, Budgets, EnvSpec, Message, Observation, Split, StepResult, Task
-from labrl.errors import ConfigError, EnvError, InvalidActionError, LabAuthError, LabError, LabRejectedError
+from labrl.errors import ConfigError, EnvError, InvalidActionError
 from labrl.lab_adapters import recipes
 from labrl.lab_adapters.protocol import JobState, request_hash
 
@@ -209,15 +210,11 @@ class SynthesisEnv(Env):
             f"exp{self._experiments}/{request_hash(request)[:16]}"
         )
         conn = await connection(self.settings)
-        try:
+        with lab_errors_as_env_errors(
+            refused="the lab refused the recipe: {exc}", failed="lab failure: {kind}: {exc}"
+        ):
             async with self.pool("lab"):
                 outcome = await conn.lab.run(request, key)
-        except LabAuthError:
-            raise  # a setup error: stops the env (and the run), never scored as the model's action
-        except LabRejectedError as exc:
-            raise InvalidActionError(f"the lab refused the recipe: {exc}") from exc
-        except LabError as exc:
-            raise EnvError(f"lab failure: {type(exc).__name__}: {exc}") from exc
         status = outcome.status
         if status.state is JobState.COMPLETED and status.result is not None:
             return status.result["xrd"], None, key

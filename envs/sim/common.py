@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 from ase import Atoms
 
-from labrl.errors import ConfigError, EnvError, InvalidActionError, LabAuthError, LabError, LabRejectedError
+from labrl.envs.lab_errors import lab_errors_as_env_errors
+from labrl.errors import ConfigError, EnvError, InvalidActionError, LabError
 from labrl.lab_adapters.calculators import check_backend
 from labrl.lab_adapters.protocol import JobState, LabAdapter
 from labrl.lab_adapters.simulator import SimulatorAdapter
@@ -128,15 +129,11 @@ class Calculator:
                 raise EnvError(f"calculator failed: {exc}") from exc
         from labrl.lab_adapters.protocol import request_hash
 
-        try:
+        with lab_errors_as_env_errors(
+            refused="the lab refused the calculation: {exc}", failed="remote calculator failed: {exc}"
+        ):
             job = await adapter.submit(request, idempotency_key=f"calc-{request_hash(request)}")
             status = await adapter.wait(job, self.timeout_s)
-        except LabAuthError:
-            raise  # a setup error: stops the env (and the run), never scored as the model's action
-        except LabRejectedError as exc:
-            raise InvalidActionError(f"the lab refused the calculation: {exc}") from exc
-        except LabError as exc:
-            raise EnvError(f"remote calculator failed: {exc}") from exc
         if status.state is not JobState.COMPLETED or status.result is None:
             raise EnvError(f"remote calculation ended {status.state.value}: {status.error}")
         return status.result

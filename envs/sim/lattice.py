@@ -81,6 +81,18 @@ def _catalogue(elements: Sequence[str], prototypes: Sequence[str]) -> list[tuple
     return items
 
 
+def guess_lattice_constant(prototype: str, elements: Sequence[str]) -> float:
+    """Starting cubic lattice constant (Å): a = 2 * mean(radius) / (nearest-neighbour distance / a)."""
+    return 2 * sum(_RADII[e] for e in elements) / len(elements) / NN_OVER_A[prototype]
+
+
+def check_starting_radii(elements: Sequence[str]) -> None:
+    """Every element needs a metallic radius (``_RADII``) for the starting lattice guess."""
+    missing_radius = sorted(set(elements) - set(_RADII))
+    if missing_radius:
+        raise ConfigError(f"no starting radius for element(s) {missing_radius}; supported: {sorted(_RADII)}")
+
+
 class LatticeConstantEnv(Env):
     invalid_action_reward: ClassVar[float] = 0.0
 
@@ -102,11 +114,7 @@ class LatticeConstantEnv(Env):
             backend, remote_backend=remote_backend, lab_url=lab_url, api_key_env=api_key_env
         )
         self.calc.check(set(elements), {"lattice"})  # unsupported elements fail here, not mid-run
-        missing_radius = sorted(set(elements) - set(_RADII))
-        if missing_radius:
-            raise ConfigError(
-                f"no starting radius for element(s) {missing_radius}; supported: {sorted(_RADII)}"
-            )
+        check_starting_radii(elements)
         self.tasks = {split: [] for split in ("train", "test")}
         for proto, elems in _catalogue(elements, prototypes):
             task_id = f"{proto}-{'-'.join(elems)}"
@@ -130,7 +138,7 @@ class LatticeConstantEnv(Env):
     def make_task(self, split: Split, seed: int) -> Task:
         items = self.tasks[split]
         task_id, proto, elems = items[seed % len(items)]
-        a_guess = 2 * sum(_RADII[e] for e in elems) / len(elems) / NN_OVER_A[proto]
+        a_guess = guess_lattice_constant(proto, elems)
         return Task(
             env_id=ENV_ID,
             split=split,

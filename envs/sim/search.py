@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 from labrl.envs.actions import format_tool_call
 from labrl.envs.base import Env
 from labrl.envs.sim.common import Calculator, extract_answer, formula_of, prototype_atoms, split_of
-from labrl.envs.sim.lattice import _RADII, NN_OVER_A
+from labrl.envs.sim.lattice import check_starting_radii, guess_lattice_constant
 from labrl.envs.types import Action, Budgets, EnvSpec, Message, Observation, Split, StepResult, Task, ToolSpec
 from labrl.errors import ConfigError, InvalidActionError
 from labrl.lab_adapters.structures import parse_structure, structure_to_dict
@@ -51,25 +51,17 @@ STRUCTURE_SCHEMA: dict[str, Any] = {
     },
     "required": ["lattice", "species", "frac_coords"],
 }
+
+
+def _structure_tool(name: str, description: str) -> ToolSpec:
+    """A calculator tool whose one argument is a structure (``STRUCTURE_SCHEMA``)."""
+    parameters = {"type": "object", "properties": {"structure": STRUCTURE_SCHEMA}, "required": ["structure"]}
+    return ToolSpec(name=name, description=description, parameters=parameters)
+
+
 TOOLS = (
-    ToolSpec(
-        name="energy",
-        description="Total energy (eV) and energy per atom of a structure, as given.",
-        parameters={
-            "type": "object",
-            "properties": {"structure": STRUCTURE_SCHEMA},
-            "required": ["structure"],
-        },
-    ),
-    ToolSpec(
-        name="relax",
-        description="Relax atoms and cell; returns the relaxed structure and its energy.",
-        parameters={
-            "type": "object",
-            "properties": {"structure": STRUCTURE_SCHEMA},
-            "required": ["structure"],
-        },
-    ),
+    _structure_tool("energy", "Total energy (eV) and energy per atom of a structure, as given."),
+    _structure_tool("relax", "Relax atoms and cell; returns the relaxed structure and its energy."),
 )
 DEFAULT_ELEMENTS = ("Al", "Cu", "Ag", "Au", "Ni", "Pd", "Pt")
 
@@ -107,11 +99,7 @@ class StructureSearchEnv(Env):
             backend, remote_backend=remote_backend, lab_url=lab_url, api_key_env=api_key_env
         )
         self.calc.check(set(elements), {"energy", "relax"})
-        missing_radius = sorted(set(elements) - set(_RADII))
-        if missing_radius:
-            raise ConfigError(
-                f"no starting radius for element(s) {missing_radius}; supported: {sorted(_RADII)}"
-            )
+        check_starting_radii(elements)
         self.tool_budget = tool_budget
         self.tasks: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {"train": [], "test": []}
         compositions: list[tuple[str, tuple[str, ...]]] = [("A", (e,)) for e in elements]
@@ -160,7 +148,7 @@ class StructureSearchEnv(Env):
         """``(E_ref per atom, structure)``: the best relaxed prototype with this env's calculator."""
         best: tuple[float, dict[str, Any]] | None = None
         for proto, elems in self._reference_prototypes(task):
-            a0 = 2 * sum(_RADII[e] for e in elems) / len(elems) / NN_OVER_A[proto]
+            a0 = guess_lattice_constant(proto, elems)
             start = structure_to_dict(prototype_atoms(proto, elems, a0))
             result = await self.calc.run("relax", start)
             if best is None or result["energy_per_atom_ev"] < best[0]:
@@ -243,7 +231,7 @@ class StructureSearchEnv(Env):
         kind = task.metadata["kind"]
         elems = tuple(task.metadata["elements"])
         proto = rng.choice({"A": ["fcc", "bcc", "sc"], "A3B": ["L1_2"], "AB": ["B2"]}[kind])
-        a0 = 2 * sum(_RADII[e] for e in elems) / len(elems) / NN_OVER_A[proto] * rng.uniform(0.9, 1.1)
+        a0 = guess_lattice_constant(proto, elems) * rng.uniform(0.9, 1.1)
         structure = structure_to_dict(prototype_atoms(proto, elems, a0), digits=4)
         if rng.random() < 0.5:
             from labrl.envs.actions import parse_action
@@ -258,7 +246,7 @@ def _gold_structure(env: StructureSearchEnv, task: Task) -> dict[str, Any]:
 
     best: tuple[float, dict[str, Any]] | None = None
     for proto, elems in env._reference_prototypes(task):
-        a0 = 2 * sum(_RADII[e] for e in elems) / len(elems) / NN_OVER_A[proto]
+        a0 = guess_lattice_constant(proto, elems)
         request = {
             "kind": "calculation",
             "backend": env.calc.calc_backend,

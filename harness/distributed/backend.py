@@ -124,6 +124,11 @@ async def start_ray(cfg: RunConfig, *, tokenizer: Tokenizer, resume: bool, on_sf
     def name(role: str) -> str:
         return actor_name(cfg.run_dir, role)
 
+    async def place(actors: list[Any], what: str) -> None:
+        """``actors`` join ``created`` (killed if the start fails) and must be ready within the placement timeout."""
+        created.extend(actors)
+        await asyncio.to_thread(wait_placed, [a.ready.remote() for a in actors], r.placement_timeout_s, what)
+
     try:
         head = _head_affinity()
         control = new(Control, num_cpus=0, scheduling_strategy=head, name=name("control")).remote()
@@ -159,13 +164,7 @@ async def start_ray(cfg: RunConfig, *, tokenizer: Tokenizer, resume: bool, on_sf
             ).remote(data, control, f"sampler{i}", tuple(urls[i :: r.samplers]) if cfg.sampler.kind == "sglang" else None)
             for i in range(r.samplers)
         ]  # fmt: skip
-        created += samplers
-        await asyncio.to_thread(
-            wait_placed,
-            [s.ready.remote() for s in samplers],
-            r.placement_timeout_s,
-            f"{r.samplers} sampler actor(s)",
-        )
+        await place(samplers, f"{r.samplers} sampler actor(s)")
         sampler = RemoteSampler(
             samplers, control, reissue_timeout_s=r.reissue_timeout_s, coalesce_s=r.generate_coalesce_s
         )
@@ -178,13 +177,7 @@ async def start_ray(cfg: RunConfig, *, tokenizer: Tokenizer, resume: bool, on_sf
             ).remote(data, samplers, gateway, control, f"env{i}", r.reissue_timeout_s)
             for i in range(r.env_workers)
         ]  # fmt: skip
-        created += workers
-        await asyncio.to_thread(
-            wait_placed,
-            [w.ready.remote() for w in workers],
-            r.placement_timeout_s,
-            f"{r.env_workers} env worker(s)",
-        )
+        await place(workers, f"{r.env_workers} env worker(s)")
     except BaseException:
         for handle in created:
             ray.kill(handle, no_restart=True)

@@ -16,6 +16,8 @@ SGLANG_TESTS = str(Path(__file__).parent.parent / "sglang")
 if SGLANG_TESTS not in sys.path:
     sys.path.insert(0, SGLANG_TESTS)
 
+from sglang_pipeline_check import parity_env  # noqa: E402, F401 (a fixture, shared with tests/sglang)
+
 
 def pytest_collection_modifyitems(config, items):
     here = str(config.rootpath / "tests" / "gpu")

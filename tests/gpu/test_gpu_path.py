@@ -14,6 +14,8 @@ import json
 
 import pytest
 import torch
+from rollout_builders import as_trajectories, random_requests
+from run_configs import replay_training
 
 from labrl.harness import objectives
 from labrl.harness.batching import collate
@@ -21,48 +23,15 @@ from labrl.harness.learners import LearnerConfig, MegatronLearner, OptimizerConf
 from labrl.harness.models import get_preset
 from labrl.harness.models.routing import model_router_replays, replay_routing
 from labrl.harness.samplers import LocalSampler, LocalSamplerConfig
-from labrl.harness.types import GenerateRequest, SamplingParams, Trajectory
 
 pytestmark = pytest.mark.gpu
 TINY = get_preset("tiny-moe")
 
 
-def _requests(n: int, max_new: int = 12, seed: int = 0) -> list[GenerateRequest]:
-    gen = torch.Generator().manual_seed(seed)
-    return [
-        GenerateRequest(
-            rid=f"r{i}",
-            input_ids=tuple(torch.randint(0, 256, (16 + 3 * i,), generator=gen).tolist()),
-            sampling=SamplingParams(max_new_tokens=max_new, seed=seed + i),
-            return_routed_experts=True,
-        )
-        for i in range(n)
-    ]
-
-
 def _batch(sampler: LocalSampler, n: int = 8, seed: int = 0):
-    reqs = _requests(n, seed=seed)
+    reqs = random_requests(n, prompt_len=16, seed=seed)
     results = asyncio.run(sampler.generate(reqs))
-    trajs = []
-    for i, (r, o) in enumerate(zip(reqs, results, strict=True)):
-        k = len(r.input_ids)
-        trajs.append(
-            Trajectory(
-                env_id="test/fixture-v0",
-                task_id=r.rid,
-                group_id=f"g{i // 4}",
-                tokens_T=[*r.input_ids, *o.output_ids],
-                loss_mask_T=[0] * k + [1] * len(o.output_ids),
-                logprobs_T=[0.0] * k + o.logprobs_T,
-                versions_T=[-1] * k + o.versions_T,
-                reward=float(i % 2),
-                outcome="ok",
-                finish_reason=o.finish_reason,
-                num_turns=1,
-                routed_experts_T_L_K=o.routed_experts_T_L_K,
-            )
-        )
-    return collate(trajs, pad_token_id=256)
+    return collate(as_trajectories(reqs, results), pad_token_id=256)
 
 
 @pytest.fixture(scope="module")
@@ -197,8 +166,7 @@ def test_pipeline_in_process_with_the_local_sampler_on_cuda(tmp_path):
         },
         "model": {"preset": "tiny-moe", "overrides": {"max_sequence_length": 256, "num_layers": 2}},
         "sampler": {"kind": "local", "local": {"max_batch_size": 32}, "max_new_tokens": 6},
-        "learner": {"optimizer": {"lr": 1e-3}, "micro_batch_size": 16, "router_replay": True},
-        "objective": {"loss": "cispo", "corrections": ["m2po"]},
+        **replay_training(16),
         "pipeline": {
             "mode": "pipeline",
             "batch_groups": 4,

@@ -15,17 +15,20 @@ Run with ``pytest -m gpu tests/gpu`` (needs CUDA, and SGLang in its own environm
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 
 import httpx
 import pytest
-from sglang_pipeline_check import ENV_ID, TINY, check_run, install_recorder, run_config
+from sglang_pipeline_check import (
+    TINY,
+    check_run,
+    free_port,
+    install_recorder,
+    other_init_checkpoint,
+    run_config,
+)
 
-from labrl.envs import deregister, register
 from labrl.harness.config import build_run_config
-from labrl.harness.hf_export import export_hf_checkpoint
-from labrl.harness.models.build import build_gpt_model
 from labrl.harness.pipeline.runner import train
 from labrl.harness.samplers.sglang_launch import Supervisor, server_command
 
@@ -43,29 +46,14 @@ MODEL = {
 SERVER_ARGS = ["--mem-fraction-static", "0.2", "--dtype", "float32"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def parity_env():
-    register(ENV_ID, entry_point="sglang_pipeline_check:ParityEnv")
-    yield ENV_ID
-    deregister(ENV_ID)
-
-
 @pytest.mark.timeout(1800)
 async def test_five_pipeline_steps_over_real_sglang(parity_env, tmp_path, monkeypatch):
     run = tmp_path / "run"
     model_cfg = build_run_config(
         run_config(run, ["http://unused"], steps=STEPS, model_overrides=MODEL)
     ).model.resolve()
-    other = build_gpt_model(model_cfg, seed=123)
-    state = {k: v for k, v in other.state_dict().items() if not k.endswith("_extra_state")}
-    ckpt = export_hf_checkpoint(state, model_cfg, tmp_path / "served", arch="qwen3_moe")
-    port = _free_port()
+    ckpt = other_init_checkpoint(model_cfg, tmp_path / "served", arch="qwen3_moe")
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = server_command(
         str(ckpt), "127.0.0.1", port, SERVER_ARGS, launcher=f"{sys.executable} -m sglang.launch_server"

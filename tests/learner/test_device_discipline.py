@@ -32,13 +32,13 @@ import weakref
 import pytest
 import torch
 import torch.utils._pytree
+from rollout_builders import as_trajectories, random_requests
 from torch.overrides import TorchFunctionMode
 
 from labrl.harness.batching import collate
 from labrl.harness.learners import LearnerConfig, MegatronLearner
 from labrl.harness.models import get_preset
 from labrl.harness.samplers import LocalSampler, LocalSamplerConfig
-from labrl.harness.types import GenerateRequest, SamplingParams, Trajectory
 
 try:  # the host marker; absent before device discipline existed
     from labrl.harness.models.device import HOST
@@ -154,42 +154,6 @@ def _audit_worker_threads(monkeypatch, audit: DeviceAudit) -> None:
     monkeypatch.setattr(asyncio, "to_thread", to_thread)
 
 
-def _requests(n: int) -> list[GenerateRequest]:
-    gen = torch.Generator().manual_seed(0)
-    return [
-        GenerateRequest(
-            rid=f"r{i}",
-            input_ids=tuple(torch.randint(0, 256, (10 + 3 * i,), generator=gen).tolist()),
-            sampling=SamplingParams(max_new_tokens=6, seed=i),
-            return_routed_experts=True,
-        )
-        for i in range(n)
-    ]
-
-
-def _trajectories(reqs, results) -> list[Trajectory]:
-    out = []
-    for i, (r, o) in enumerate(zip(reqs, results, strict=True)):
-        n = len(r.input_ids)
-        out.append(
-            Trajectory(
-                env_id="test/fixture-v0",
-                task_id=r.rid,
-                group_id=f"g{i // 2}",
-                tokens_T=[*r.input_ids, *o.output_ids],
-                loss_mask_T=[0] * n + [1] * len(o.output_ids),
-                logprobs_T=[0.0] * n + o.logprobs_T,
-                versions_T=[-1] * n + o.versions_T,
-                reward=float(i % 2),
-                outcome="ok",
-                finish_reason=o.finish_reason,
-                num_turns=1,
-                routed_experts_T_L_K=o.routed_experts_T_L_K,
-            )
-        )
-    return out
-
-
 def _model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
@@ -204,7 +168,7 @@ def test_sampler_and_learner_keep_to_the_model_device(learner, scheduling, monke
     sampler = LocalSampler(
         TINY, LocalSamplerConfig(scheduling=scheduling), weights=learner.export_weights(), version=0
     )
-    reqs = _requests(4)
+    reqs = random_requests(4, prompt_len=10, max_new=6)
     audit = DeviceAudit(_model_device(sampler.model))
     steps_before, batches_before = sampler.decode_steps, sampler.stats["batches"]
     merges_before = sampler.stats.get("cache_merges", 0)
@@ -229,7 +193,7 @@ def test_sampler_and_learner_keep_to_the_model_device(learner, scheduling, monke
 
     if scheduling == "waves":
         return  # the learner's part needs one sampled batch, not one per scheduling
-    batch = collate(_trajectories(reqs, results), pad_token_id=0)
+    batch = collate(as_trajectories(reqs, results, group_size=2), pad_token_id=0)
     plain = batch.__class__(**{**batch.__dict__, "routed_experts_B_T_L_K": None})
     n_params = len(list(learner.model.parameters()))
     for b, replayed in ((plain, False), (batch, True)):

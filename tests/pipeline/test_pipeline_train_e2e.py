@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from run_configs import replay_training
+
 from labrl.cli import main
 from labrl.harness.config import build_run_config
 from labrl.harness.pipeline.runner import train
@@ -17,8 +19,7 @@ def run_config(env_id: str, run_dir, **pipeline) -> dict:
         "env": {"id": env_id},
         "model": {"preset": "tiny-moe", "overrides": TINY},
         "sampler": {"max_new_tokens": 3, "local": {"max_batch_size": 16}},
-        "learner": {"optimizer": {"lr": 1e-3}, "micro_batch_size": 8, "router_replay": True},
-        "objective": {"loss": "cispo", "corrections": ["m2po"]},
+        **replay_training(8),
         "pipeline": {
             "mode": "pipeline",
             "batch_groups": 2,

@@ -9,6 +9,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from sglang_pipeline_check import parity_env  # noqa: F401 (a fixture, shared with tests/gpu)
+
 from labrl.harness.samplers.fake_server import FakeSGLangServer, ServerThread
 
 

@@ -18,13 +18,16 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
+from run_configs import replay_training
 
-from labrl.envs import Action, Env, EnvSpec, Message, Observation, StepResult, Task
+from labrl.envs import Action, Env, EnvSpec, Message, Observation, StepResult, Task, deregister, register
 from labrl.harness.types import TrainBatch
 
 ENV_ID = "test/sglang-parity-v0"
@@ -59,6 +62,33 @@ class ParityEnv(Env):
         return Action(text=rng.choice("abcdefgh"))
 
 
+@pytest.fixture
+def parity_env():
+    """``ParityEnv`` registered under ``ENV_ID`` for one test (conftests re-export this fixture)."""
+    register(ENV_ID, entry_point="sglang_pipeline_check:ParityEnv")
+    yield ENV_ID
+    deregister(ENV_ID)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def other_init_checkpoint(model_cfg: Any, out_dir: Path, **export: Any) -> Path:
+    """An HF export of ``model_cfg`` initialised with another seed than the learner's.
+
+    The server starts from it, so the run's first weight sync is what makes the first batch on-policy.
+    """
+    from labrl.harness.hf_export import export_hf_checkpoint
+    from labrl.harness.models.build import build_gpt_model
+
+    other = build_gpt_model(model_cfg, seed=123)
+    state = {k: v for k, v in other.state_dict().items() if not k.endswith("_extra_state")}
+    return export_hf_checkpoint(state, model_cfg, out_dir, **export)
+
+
 def run_config(run_dir: Path, urls: list[str], *, steps: int, model_overrides: dict = TINY) -> dict[str, Any]:
     """A short pipeline run (2 groups x 4 episodes per step, staleness <= 2) on ``preset tiny-moe``."""
     return {
@@ -70,8 +100,7 @@ def run_config(run_dir: Path, urls: list[str], *, steps: int, model_overrides: d
             "max_new_tokens": 6,
             "temperature": 1.0,
         },
-        "learner": {"optimizer": {"lr": 1e-3}, "micro_batch_size": 8, "router_replay": True},
-        "objective": {"loss": "cispo", "corrections": ["m2po"]},
+        **replay_training(8),
         "pipeline": {
             "mode": "pipeline",
             "batch_groups": 2,

@@ -14,23 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from sglang_pipeline_check import ENV_ID, check_run, install_recorder, run_config
+from sglang_pipeline_check import check_run, install_recorder, other_init_checkpoint, run_config
 
-from labrl.envs import deregister, register
 from labrl.harness.config import build_run_config, load_run_config
-from labrl.harness.hf_export import export_hf_checkpoint
-from labrl.harness.models.build import build_gpt_model
 from labrl.harness.pipeline.runner import train
 from labrl.harness.samplers.fake_server import ServerThread, export_run_model, local_fake_server
 
 STEPS = 4
-
-
-@pytest.fixture
-def parity_env():
-    register(ENV_ID, entry_point="sglang_pipeline_check:ParityEnv")
-    yield ENV_ID
-    deregister(ENV_ID)
 
 
 @pytest.mark.timeout(180)
@@ -39,9 +29,7 @@ async def test_train_over_fake_sglang_server(parity_env, tmp_path, monkeypatch):
     run = tmp_path / "run"
     # the server's URL is not known yet; the model shape does not depend on it
     model_cfg = build_run_config(run_config(run, ["http://unused"], steps=STEPS)).model.resolve()
-    other = build_gpt_model(model_cfg, seed=123)  # not the learner's init: the run must sync first
-    state = {k: v for k, v in other.state_dict().items() if not k.endswith("_extra_state")}
-    ckpt = export_hf_checkpoint(state, model_cfg, tmp_path / "served")
+    ckpt = other_init_checkpoint(model_cfg, tmp_path / "served")
     # a small per-token delay keeps generations running while the learner trains, so updates
     # land mid-generation as they do on a busy GPU server
     server = local_fake_server(str(ckpt), tick_delay_s=0.01)

@@ -10,33 +10,15 @@ runs generate the same tokens.
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
-from sglang_pipeline_check import ENV_ID, run_config
+from sglang_pipeline_check import free_port, other_init_checkpoint, run_config
 
-from labrl.envs import deregister, register
 from labrl.harness.config import build_run_config
-from labrl.harness.hf_export import export_hf_checkpoint
-from labrl.harness.models.build import build_gpt_model
 from labrl.harness.pipeline import runner
 from labrl.harness.samplers.fake_server import ServerThread, local_fake_server
 
 STEPS = 3
-
-
-@pytest.fixture
-def parity_env():
-    register(ENV_ID, entry_point="sglang_pipeline_check:ParityEnv")
-    yield ENV_ID
-    deregister(ENV_ID)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def _run(transport: str, tmp, monkeypatch) -> dict:
@@ -45,9 +27,7 @@ async def _run(transport: str, tmp, monkeypatch) -> dict:
     raw["pipeline"] = raw["pipeline"] | {"mode": "sync", "eval_every": 0}
     raw["sft"] = {"enabled": False}
     model_cfg = build_run_config(raw).model.resolve()
-    other = build_gpt_model(model_cfg, seed=123)  # not the learner's init: the run's first sync matters
-    state = {k: v for k, v in other.state_dict().items() if not k.endswith("_extra_state")}
-    ckpt = export_hf_checkpoint(state, model_cfg, tmp / f"served-{transport}")
+    ckpt = other_init_checkpoint(model_cfg, tmp / f"served-{transport}")
     server = local_fake_server(str(ckpt), enable_deterministic_inference=True, group_timeout_s=120)
     batches: list[dict] = []
     served: list[dict] = []
@@ -73,7 +53,7 @@ async def _run(transport: str, tmp, monkeypatch) -> dict:
             "urls": [url],
             "weight_transport": transport,
             "group_backend": "gloo",
-            "master_port": _free_port(),
+            "master_port": free_port(),
             "deterministic_inference": True,
         }
         monkeypatch.setattr(runner, "build_learner", recording_learner)
