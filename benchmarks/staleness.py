@@ -214,7 +214,8 @@ async def accuracy(env_cls, sampler, tok, n: int) -> float:
     return sum(t.reward == 1.0 for t in trajs) / n
 
 
-async def one_run(k: int, correction: str, args) -> dict:
+async def one_run(k: int, correction: str, args, on_eval=None) -> dict:
+    """Train one cell; ``on_eval(partial_row)`` is called after every intermediate held-out eval."""
     torch.manual_seed(args.seed)
     tok = ByteTokenizer()
     env_cls = TASKS[args.task]
@@ -284,21 +285,30 @@ async def one_run(k: int, correction: str, args) -> dict:
             await sampler.update_weights(learner.export_weights(), learner.version)
             evals.append({"update": v + 1, "accuracy": await accuracy(env_cls, sampler, tok, args.eval_size)})
             print(f"  {correction} k={k} update {v + 1}: held-out {evals[-1]['accuracy']:.3f}", flush=True)
+            if on_eval is not None:
+                on_eval(_row(args, env_cls, k, correction, objective, learner_overrides, curve, evals, t0)
+                        | {"partial": True, "last_eval_update": v + 1, "accuracy": evals[-1]["accuracy"],
+                           "collapsed": collapsed})  # fmt: skip
     await sampler.update_weights(learner.export_weights(), learner.version)
     acc = await accuracy(env_cls, sampler, tok, args.eval_size)
     evals.append({"update": learner.step, "accuracy": acc})
     collapsed = collapsed or acc < env_cls.chance() + 0.05
-    row = {"task": args.task, "letters": args.letters, "add_digits": args.add_digits, "chance": env_cls.chance(), "lr": args.lr, "k": k, "correction": correction,
-           "updates": args.updates, "seed": args.seed,
-           "objective": objective.model_dump(mode="json"), "learner": learner_overrides,
-           "accuracy": acc, "collapsed": collapsed, "wall_s": time.perf_counter() - t0,
-           "curve": curve, "evals": evals}  # fmt: skip
+    row = _row(args, env_cls, k, correction, objective, learner_overrides, curve, evals, t0)
+    row |= {"accuracy": acc, "collapsed": collapsed}
     print(
         f"{args.task} k={k:4d} {correction:13s} accuracy {acc:.3f} collapsed {collapsed} "
         f"({row['wall_s']:.0f} s)",
         flush=True,
     )
     return row
+
+
+def _row(args, env_cls, k, correction, objective, learner_overrides, curve, evals, t0) -> dict:
+    """A cell's record (``accuracy`` and ``collapsed`` are added by the caller)."""
+    return {"task": args.task, "letters": args.letters, "add_digits": args.add_digits, "chance": env_cls.chance(),
+            "lr": args.lr, "k": k, "correction": correction, "updates": args.updates, "seed": args.seed,
+            "objective": objective.model_dump(mode="json"), "learner": learner_overrides,
+            "wall_s": time.perf_counter() - t0, "curve": list(curve), "evals": list(evals)}  # fmt: skip
 
 
 async def main() -> None:
@@ -321,9 +331,14 @@ async def main() -> None:
                     "into --out and print the table, without training")  # fmt: skip
     args = ap.parse_args()
     if args.render:
-        rows = [r for f in args.render for r in json.loads(Path(f).read_text())["runs"]]
-        Path(args.out).write_text(json.dumps({"args": vars(args), "runs": rows}, indent=2))
+        files = [json.loads(Path(f).read_text()) for f in args.render]
+        rows = [r for d in files for r in d["runs"]]
+        partial = [r for d in files for r in d.get("partial", [])]
+        Path(args.out).write_text(
+            json.dumps({"args": vars(args), "runs": rows, "partial": partial}, indent=2)
+        )
         render(rows, Path(args.out))
+        _partial_table(partial)
         return
     torch.set_num_threads(1)
     AddEnv.digits = args.add_digits
@@ -331,10 +346,17 @@ async def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     rows = []
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+
+    def write(partial: list[dict]) -> None:
+        # Unfinished cells go under "partial" (their last intermediate eval), never under "runs".
+        Path(args.out).write_text(
+            json.dumps({"args": vars(args), "runs": rows, "partial": partial}, indent=2)
+        )
+
     for k in args.ks:
         for c in args.corrections:
-            rows.append(await one_run(k, c, args))
-            Path(args.out).write_text(json.dumps({"args": vars(args), "runs": rows}, indent=2))
+            rows.append(await one_run(k, c, args, on_eval=lambda r: write([r])))
+            write([])
     render(rows, Path(args.out))
 
 
@@ -393,6 +415,16 @@ def render(rows: list[dict], out: Path) -> None:
             ax_frac.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(out.with_suffix(".png"), dpi=100)
+
+
+def _partial_table(partial: list[dict]) -> None:
+    """Print the unfinished cells: held-out accuracy at the last intermediate eval they reached."""
+    if not partial:
+        return
+    print("\nPARTIAL (unfinished: stopped before their last update; not in the table above)")
+    for r in sorted(partial, key=lambda r: (r.get("task", "copy"), r["k"], r["correction"], r["seed"])):
+        print(f"  {r.get('task', 'copy')} k={r['k']} {r['correction']} seed {r['seed']}: held-out "
+              f"{r['accuracy']:.3f} at update {r['last_eval_update']} of {r['updates']}")  # fmt: skip
 
 
 def _masked(point: dict) -> float | None:
