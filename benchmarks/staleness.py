@@ -380,8 +380,12 @@ def render(rows: list[dict], out: Path) -> None:
         ks = sorted({r["k"] for r in task_rows})
         corrections = [c for c in CORRECTIONS if any(r["correction"] == c for r in task_rows)]
         for c in corrections:
+            # Line through the mean over seeds at each k; a dot per run, so seeds that disagree show.
             pts = sorted((r["k"], r["accuracy"]) for r in task_rows if r["correction"] == c)
-            ax.plot([max(p[0], 0.5) for p in pts], [p[1] for p in pts], "o-", label=c)
+            cks = sorted({kk for kk, _ in pts})
+            means = [sum(a for kk, a in pts if kk == k_) / sum(kk == k_ for kk, _ in pts) for k_ in cks]
+            (line,) = ax.plot([max(k_, 0.5) for k_ in cks], means, "-", label=f"{c} (mean over seeds)")
+            ax.plot([max(p[0], 0.5) for p in pts], [p[1] for p in pts], "o", color=line.get_color())
         ax.set_xscale("log")
         ax.axhline(task_rows[0].get("chance", 1 / len(LETTERS)), color="grey", ls=":", label="chance")
         ax.set_xlabel("forced staleness k (0 plotted at 0.5)")
@@ -397,7 +401,7 @@ def render(rows: list[dict], out: Path) -> None:
                     [e["update"] for e in evals],
                     [e["accuracy"] for e in evals],
                     style,
-                    label=f"k={r['k']} {r['correction']}",
+                    label=f"k={r['k']} {r['correction']} seed {r.get('seed', 0)}",
                 )
                 if r["k"] != max(ks):
                     continue
@@ -405,7 +409,9 @@ def render(rows: list[dict], out: Path) -> None:
                                 ("policy/clip_high_frac", "--"), ("policy/clip_low_frac", "-.")):  # fmt: skip
                     pts = [(p["update"], p[key]) for p in r["curve"] if p.get(key) is not None]
                     if pts and any(v > 0 for _, v in pts):
-                        ax_frac.plot(*zip(*pts, strict=True), ls, label=f"{r['correction']} {key}")
+                        ax_frac.plot(
+                            *zip(*pts, strict=True), ls, label=f"{r['correction']} s{r.get('seed', 0)} {key}"
+                        )
         ax_curve.set_xlabel("update")
         ax_curve.set_ylabel("held-out accuracy (batch reward for older runs)")
         ax_curve.legend(fontsize=7)
@@ -442,6 +448,8 @@ def _table(task: str, rows: list[dict]) -> None:
         cell.setdefault((r["k"], r["correction"]), []).append(r)
     on_policy = [r["accuracy"] for r in rows if r["k"] == 0]
     base = sum(on_policy) / len(on_policy) if on_policy else None
+    # Cells of one seed share initial weights, warm start and prompts: compare with that seed's on-policy run.
+    seed_base = {r.get("seed", 0): r["accuracy"] for r in rows if r["k"] == 0 and r["correction"] == "none"}
     print(f"\ntask {task}\n| k | " + " | ".join(corrections) + " |")
     print("|---|" + "---|" * len(corrections))
     for k in ks:
@@ -455,8 +463,9 @@ def _table(task: str, rows: list[dict]) -> None:
             for r in runs:
                 masked = [_masked(p) for p in r["curve"] if _masked(p) is not None]
                 text = f"{r['accuracy']:.3f}"
-                if base:
-                    text += f" ({r['accuracy'] / base:.0%})"
+                ref = seed_base.get(r.get("seed", 0), base)
+                if ref:
+                    text += f" ({r['accuracy'] / ref:.0%})"
                 if masked and any(masked):
                     text += f", masked {sum(masked) / len(masked):.2f}"
                 learned = next((p["update"] for p in r["curve"] if p.get("reward", 0.0) >= 0.9), None)
@@ -465,7 +474,8 @@ def _table(task: str, rows: list[dict]) -> None:
             cells.append(" / ".join(parts))
         print(f"| {k} | " + " | ".join(cells) + " |")
     if base is not None:
-        print(f"on-policy (k=0) accuracy, mean over its runs: {base:.3f}; (x%) = ratio to it")
+        print(f"on-policy (k=0) accuracy, mean over its runs: {base:.3f}; (x%) = ratio to the on-policy")
+        print("run (k=0, none) of the same seed, or to that mean where the seed has none")
     print("masked = mean fraction of tokens the batch-level masks removed at the logged updates;")
     print(">=0.9 @ = first logged update whose batch reward reached 0.9; ' / ' separates seeds")
 
