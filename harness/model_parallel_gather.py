@@ -42,6 +42,11 @@ _ROW = ("self_attention.linear_proj.weight", "linear_fc2.weight")
 _GATED = ("linear_fc1.weight",)
 
 
+def is_expert_weight(name: str) -> bool:
+    """Whether ``name`` is a local expert's weight (sharded over expert-parallel ranks)."""
+    return _EXPERT.match(name) is not None
+
+
 def _merge(name: str, parts: list[torch.Tensor]) -> torch.Tensor:
     """One parameter's tensor-parallel pieces (rank order) -> the whole tensor."""
     if len(parts) == 1:

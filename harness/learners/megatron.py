@@ -36,7 +36,12 @@ Router replay (R3): when the batch carries ``routed_experts_B_T_L_K`` and
 ``router_replay`` is on, every forward (the no-grad one and each micro-batch)
 routes each token to exactly the experts the sampler used; the gate
 probabilities are still recomputed from the learner's scores, so the router
-keeps receiving gradient.
+keeps receiving gradient. With TP > 1 (megatron-core then runs sequence
+parallelism) each rank routes only its slice of the sequence: recorded routes
+are all-gathered over the tensor-parallel group before they are returned, and
+replayed routes are scattered to this rank's slice
+(``labrl.harness.models.routing``); sequence lengths must then be multiples of
+the TP size, as megatron-core requires.
 
 Reference policy (``reference="initial"``, for ``objective.kl_coef > 0``): a
 second, frozen copy of the model takes the policy's weights at the first
@@ -70,10 +75,16 @@ from labrl.errors import ConfigError, LearnerError
 from labrl.harness import objectives
 from labrl.harness.batching import micro_batches, to_device
 from labrl.harness.learners.config import LearnerConfig
+from labrl.harness.learners.model_parallel import gather_full_state, sequence_parallel
 from labrl.harness.learners.precision import FP32MasterParams
 from labrl.harness.models import device as dev
 from labrl.harness.models.build import build_gpt_model, causal_attention_mask, count_parameters
-from labrl.harness.models.routing import from_megatron_layout, model_router_replays, replay_routing
+from labrl.harness.models.routing import (
+    from_megatron_layout,
+    model_router_replays,
+    recorded,
+    replay_routing,
+)
 from labrl.harness.types import TrainBatch
 
 log = logging.getLogger(__name__)
@@ -93,6 +104,8 @@ class MegatronLearner:
             cfg.model, cfg.parallel, seed=cfg.seed, routing_replay=True, device=self.device, dtype=self.dtype
         )
         self.model.train()
+        # TP > 1: each rank routes its sequence slice; routes are gathered/scattered for record/replay
+        self.sp = sequence_parallel(enabled=bool(getattr(self.model.config, "sequence_parallel", False)))
         model_params = [p for p in self.model.parameters() if p.requires_grad]
         # fp32 master weights under bf16 (synced from the model at the first train_step)
         self.master = (
@@ -154,12 +167,18 @@ class MegatronLearner:
         return self._version
 
     def export_weights(self) -> dict[str, torch.Tensor]:
-        """A detached copy of every parameter and buffer (what a sampler loads)."""
-        return {
+        """A detached copy of every parameter and buffer (what a sampler loads), unsharded.
+
+        With tensor or expert parallelism this is a collective: every
+        model-parallel rank calls it and gets the TP=1/EP=1 state
+        (``labrl.harness.learners.model_parallel.gather_full_state``).
+        """
+        local = {
             k: v.detach().clone()
             for k, v in self.model.state_dict().items()
             if not k.endswith("_extra_state")
         }
+        return gather_full_state(local, num_experts=self.config.model.num_experts)
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         cfg = self.config
@@ -491,9 +510,7 @@ class MegatronLearner:
                     r.set_router_replay_action(RouterReplayAction.RECORD)
                 try:
                     self._logits(chunk)
-                    out.append(
-                        from_megatron_layout([r.get_recorded_indices() for r in replays], chunk.shape[0])
-                    )
+                    out.append(from_megatron_layout(recorded(replays, self.sp.group), chunk.shape[0]))
                 finally:
                     for r in replays:
                         r.clear_router_replay_action()
@@ -519,7 +536,7 @@ class MegatronLearner:
         if routed_B_T_L_K is None:
             logits = self._logits(tokens_B_T, model)
         else:
-            with replay_routing(model, routed_B_T_L_K):
+            with replay_routing(model, routed_B_T_L_K, sp_rank=self.sp.rank, sp_size=self.sp.size):
                 logits = self._logits(tokens_B_T, model)
         logp_B_Tm1_V = torch.log_softmax(logits[:, :-1].float() / self.config.temperature, dim=-1)
         logp = logp_B_Tm1_V.gather(-1, tokens_B_T[:, 1:, None]).squeeze(-1)  # (B, T-1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from weight_sync_support import MODELS, megatron_state, transformers_checkpoint_layout
+from weight_sync_support import MODELS, megatron_state, model_parallel_shards, transformers_checkpoint_layout
 
 from labrl.errors import ConfigError
 from labrl.harness.hf_export import head_dim, hf_weights, megatron_to_hf
@@ -43,45 +43,11 @@ def test_plan_buckets_bounds_size_keeps_order_and_isolates_big_tensors():
         plan_buckets([1], 0)
 
 
-# -- synthetic TP=2 / EP=2 shards, cut by megatron-core's rules (written out here, independently) --
-
-
-def _shard_tp(name: str, full: torch.Tensor, t: int, tp: int) -> torch.Tensor:
-    """megatron-core's tensor-parallel piece ``t`` of one full local-spec weight."""
-    if name.endswith(("word_embeddings.weight", "output_layer.weight", "linear_qkv.weight")):
-        return full.chunk(tp, dim=0)[t].clone()  # vocab / column parallel (qkv rows grouped per query group)
-    if name.endswith(("linear_proj.weight", "linear_fc2.weight")):
-        return full.chunk(tp, dim=1)[t].clone()  # row parallel
-    if name.endswith("linear_fc1.weight"):  # gated: each rank holds [its gate rows; its up rows]
-        gate, up = full.chunk(2, dim=0)
-        return torch.cat([gate.chunk(tp, dim=0)[t], up.chunk(tp, dim=0)[t]], dim=0).clone()
-    return full.clone()  # norms, router: replicated
-
-
-def _shards(state: dict[str, torch.Tensor], tp: int, ep: int, num_experts: int) -> dict:
-    local = num_experts // ep
-    out: dict = {}
-    for t in range(tp):
-        for e in range(ep):
-            rank: dict[str, torch.Tensor] = {}
-            for name, full in state.items():
-                if ".local_experts." in name:
-                    head, rest = name.split(".local_experts.")
-                    idx, tail = rest.split(".", 1)
-                    g = int(idx)
-                    if g // local != e:
-                        continue  # another EP rank's expert
-                    name = f"{head}.local_experts.{g % local}.{tail}"
-                rank[name] = _shard_tp(name, full, t, tp)
-            out[(t, e)] = rank
-    return out
-
-
 @pytest.mark.parametrize("case", ["qwen3_moe", "qwen3_moe_mixed"])
 def test_gather_tp2_ep2_shards_equals_tp1_export(case):
     cfg = MODELS[case]
     state = megatron_state(cfg, seed=2)
-    shards = _shards(state, tp=2, ep=2, num_experts=cfg.num_experts)
+    shards = model_parallel_shards(state, tp=2, ep=2, num_experts=cfg.num_experts)
     # a shard is really a piece: rank (1, 1) holds half the qkv rows and the second half of the experts
     qkv = "decoder.layers.0.self_attention.linear_qkv.weight"
     assert shards[(1, 1)][qkv].shape[0] == state[qkv].shape[0] // 2
@@ -108,7 +74,7 @@ def test_gather_tp2_ep2_shards_equals_tp1_export(case):
 def test_gather_refuses_missing_ranks_and_diverged_replicas():
     cfg = MODELS["qwen3_moe"]
     state = megatron_state(cfg, seed=2)
-    shards = _shards(state, tp=2, ep=2, num_experts=cfg.num_experts)
+    shards = model_parallel_shards(state, tp=2, ep=2, num_experts=cfg.num_experts)
     partial = {k: v for k, v in shards.items() if k != (1, 0)}
     with pytest.raises(ConfigError, match=r"shards cover ranks"):
         gather_model_parallel_shards(partial, tp=2, ep=2, num_experts=cfg.num_experts)

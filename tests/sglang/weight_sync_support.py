@@ -78,3 +78,37 @@ def learner_logprobs(
     targets = x[0, 1:]
     picked = logp.gather(1, targets[:, None])[:, 0]
     return picked[-n_out:].tolist()
+
+
+# -- synthetic TP=2 / EP=2 shards, cut by megatron-core's rules (written out here, independently) --
+
+
+def shard_tp(name: str, full: torch.Tensor, t: int, tp: int) -> torch.Tensor:
+    """megatron-core's tensor-parallel piece ``t`` of one full local-spec weight."""
+    if name.endswith(("word_embeddings.weight", "output_layer.weight", "linear_qkv.weight")):
+        return full.chunk(tp, dim=0)[t].clone()  # vocab / column parallel (qkv rows grouped per query group)
+    if name.endswith(("linear_proj.weight", "linear_fc2.weight")):
+        return full.chunk(tp, dim=1)[t].clone()  # row parallel
+    if name.endswith("linear_fc1.weight"):  # gated: each rank holds [its gate rows; its up rows]
+        gate, up = full.chunk(2, dim=0)
+        return torch.cat([gate.chunk(tp, dim=0)[t], up.chunk(tp, dim=0)[t]], dim=0).clone()
+    return full.clone()  # norms, router: replicated
+
+
+def model_parallel_shards(state: dict[str, torch.Tensor], tp: int, ep: int, num_experts: int) -> dict:
+    local = num_experts // ep
+    out: dict = {}
+    for t in range(tp):
+        for e in range(ep):
+            rank: dict[str, torch.Tensor] = {}
+            for name, full in state.items():
+                if ".local_experts." in name:
+                    head, rest = name.split(".local_experts.")
+                    idx, tail = rest.split(".", 1)
+                    g = int(idx)
+                    if g // local != e:
+                        continue  # another EP rank's expert
+                    name = f"{head}.local_experts.{g % local}.{tail}"
+                rank[name] = shard_tp(name, full, t, tp)
+            out[(t, e)] = rank
+    return out
