@@ -8,7 +8,11 @@ comes from RL. Loss = mean cross-entropy over the target tokens (the reply and
 its end-of-turn token); the prompt is context only.
 
 It runs directly on the learner's model with its own AdamW (the RL optimizer
-state starts clean) and does not advance the learner's version.
+state starts clean) and does not advance the learner's version. The model's
+precision decides the optimizer as it does the learner's
+(``labrl.harness.learners.precision.adamw_with_precision``): bf16 parameters
+are stepped through fp32 master weights, so small updates are not rounded away;
+the learner re-takes its own master weights from the model at its first step.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 
 from labrl.envs.base import Env
 from labrl.harness.config import SFTSection
+from labrl.harness.learners.precision import adamw_with_precision
 from labrl.harness.models.build import causal_attention_mask
 from labrl.harness.tokenizer import Tokenizer
 
@@ -76,7 +81,8 @@ async def run_sft(
     prompts = await sft_prompts(make_env, tokenizer, min(cfg.steps * cfg.batch_size, cfg.num_prompts), seed)
     params = [p for p in model.parameters() if p.requires_grad]
     device = params[0].device
-    opt = torch.optim.AdamW(params, lr=cfg.lr)
+    # the learner's precision rule: bf16 parameters are stepped through fp32 master weights
+    opt, master = adamw_with_precision(params, lr=cfg.lr)
     end = [tokenizer.stop_token_ids[0]]
     model.train()
     history = []
@@ -105,9 +111,15 @@ async def run_sft(
         mask = target[:, 1:]
         loss = (nll * mask).sum() / mask.sum()
         opt.zero_grad(set_to_none=True)
+        if master is not None:
+            master.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        if master is not None:
+            master.accumulate_grads()
+        torch.nn.utils.clip_grad_norm_(master.master_params if master is not None else params, 1.0)
         opt.step()
+        if master is not None:
+            master.copy_to_model()
         record = {"sft_step": step + 1, "loss": float(loss.detach()), "time_s": time.perf_counter() - started}
         history.append(record)
         if on_step is not None:

@@ -76,7 +76,7 @@ from labrl.harness import objectives
 from labrl.harness.batching import micro_batches, to_device
 from labrl.harness.learners.config import LearnerConfig
 from labrl.harness.learners.model_parallel import gather_full_state, sequence_parallel
-from labrl.harness.learners.precision import FP32MasterParams
+from labrl.harness.learners.precision import adamw_with_precision
 from labrl.harness.models import device as dev
 from labrl.harness.models.build import build_gpt_model, causal_attention_mask, count_parameters
 from labrl.harness.models.routing import (
@@ -107,16 +107,13 @@ class MegatronLearner:
         # TP > 1: each rank routes its sequence slice; routes are gathered/scattered for record/replay
         self.sp = sequence_parallel(enabled=bool(getattr(self.model.config, "sequence_parallel", False)))
         model_params = [p for p in self.model.parameters() if p.requires_grad]
+        opt = cfg.optimizer
         # fp32 master weights under bf16 (synced from the model at the first train_step)
-        self.master = (
-            FP32MasterParams(model_params) if dev.optimizer_wrapper(self.dtype) == "fp32_master" else None
+        self.optimizer, self.master = adamw_with_precision(
+            model_params, lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay
         )
         self._masters_synced = False
         self._params = self.master.master_params if self.master is not None else model_params
-        opt = cfg.optimizer
-        self.optimizer = torch.optim.AdamW(
-            self._params, lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay
-        )
         log.info(
             "labrl learner on %s: %s parameters and compute, %s optimizer (AdamW, %s), %s layer spec",
             self.device,

@@ -80,3 +80,21 @@ class FP32MasterParams:
         for master, t in zip(self.master_params, tensors, strict=True):
             master.copy_(t)
         self.copy_to_model()
+
+
+def adamw_with_precision(
+    params: list[torch.nn.Parameter], **adamw: float | tuple[float, float]
+) -> tuple[torch.optim.AdamW, FP32MasterParams | None]:
+    """AdamW for ``params`` in their dtype: over fp32 master copies when they are low precision.
+
+    The one place that decides (``device.optimizer_wrapper``) for the learner and
+    the SFT warm start alike. With a master copy the caller follows the module
+    docstring: ``accumulate_grads`` after each backward, clip and step the
+    master parameters, then ``copy_to_model``.
+    """
+    from labrl.harness.models import device as dev
+
+    dtype = params[0].dtype if params else torch.float32
+    master = FP32MasterParams(params) if dev.optimizer_wrapper(dtype) == "fp32_master" else None
+    stepped = master.master_params if master is not None else params
+    return torch.optim.AdamW(stepped, **adamw), master
