@@ -662,6 +662,7 @@ def local_fake_server(
     tick_delay_s: float = 0.0,
     group_timeout_s: float = 1800.0,
     seed: int = 0,
+    receiver_device: str | None = None,
 ) -> FakeSGLangServer:
     """A fake server that serves an exported HF checkpoint with ``LocalSampler`` (fp32, CPU).
 
@@ -669,8 +670,8 @@ def local_fake_server(
     distributed updates both load HF-named tensors through its
     ``load_weights``, and the backend generates from what it holds (converted
     with ``hf_import.hf_to_megatron``), so an update that loads nothing
-    changes nothing here either. The distributed transport joins a gloo group
-    (``sglang_dist.WeightReceiver``). Like SGLang, generation stops at the
+    changes nothing here either. The distributed transport joins a gloo group,
+    or an NCCL one receiving on ``receiver_device`` (``sglang_dist.WeightReceiver``). Like SGLang, generation stops at the
     checkpoint's ``eos_token_id`` unless the request sets ``ignore_eos``.
     """
     import json
@@ -710,7 +711,7 @@ def local_fake_server(
             group_timeout_s=group_timeout_s,
         ),
         load_weights=load_hf_tensors,
-        receiver_factory=lambda: WeightReceiver(timeout_s=group_timeout_s),
+        receiver_factory=lambda: WeightReceiver(timeout_s=group_timeout_s, device=receiver_device),
         weights=weights,
     )
     server.to_backend = to_backend

@@ -20,9 +20,11 @@ buckets of at most ``bucket_bytes`` (a larger tensor goes alone), so the
 server never holds more than one bucket of received tensors besides its
 weights.
 
-``WeightReceiver`` is a server's end, used by the fake server (gloo on CPU);
-it hands received tensors to a loader (``load(names_and_tensors)``) like
-SGLang's ``model.load_weights``.
+``WeightReceiver`` is a server's end, used by the fake server (gloo on CPU;
+NCCL on a CUDA device, ``receive_device``); it hands received tensors to a
+loader (``load(names_and_tensors)``) like SGLang's ``model.load_weights``.
+NCCL refuses two ranks of one group on the same GPU ("Duplicate GPU
+detected"), so over NCCL the trainer and a receiver need distinct devices.
 """
 
 from __future__ import annotations
@@ -144,6 +146,14 @@ class WeightBroadcaster:
         destroy_custom_group(group)
 
 
+def receive_device(backend: str, device: str | torch.device | None = None) -> torch.device:
+    """Where a receiver allocates broadcast buffers: ``device`` if given, else CUDA for NCCL
+    (which moves CUDA tensors only), the CPU for gloo."""
+    if device is not None:
+        return torch.device(device)
+    return torch.device("cuda") if backend == "nccl" else torch.device("cpu")
+
+
 class WeightReceiver:
     """A server's end (the fake server's; SGLang has its own), in a child process.
 
@@ -153,8 +163,11 @@ class WeightReceiver:
     join the trainer's group under SGLang's name.
     """
 
-    def __init__(self, timeout_s: float = DEFAULT_GROUP_TIMEOUT_S) -> None:
+    def __init__(
+        self, timeout_s: float = DEFAULT_GROUP_TIMEOUT_S, device: str | torch.device | None = None
+    ) -> None:
         self.timeout_s = timeout_s
+        self.device = device  # None: receive_device(backend)
         self._proc: Any = None
         self._conn: Any = None
 
@@ -181,6 +194,7 @@ class WeightReceiver:
             group_name=group_name,
             backend=backend,
             timeout_s=self.timeout_s,
+            device=str(receive_device(backend, self.device)),
         )
         self._proc = ctx.Process(target=_receiver_main, args=(child, spec), daemon=True)
         self._proc.start()
@@ -227,7 +241,11 @@ class WeightReceiver:
 def _receiver_main(conn: Any, spec: dict) -> None:
     """Child process: join the group, then receive buckets until told to stop."""
     torch.set_num_threads(1)
+    spec = dict(spec)
+    device = torch.device(spec.pop("device"))
     try:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # NCCL binds the group to the current device
         group = init_custom_group(**spec)
     except Exception as exc:  # the caller turns it into SGLang's "Failed to initialize ..." answer
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
@@ -244,9 +262,9 @@ def _receiver_main(conn: Any, spec: dict) -> None:
         try:
             out = []
             for dtype, shape in zip(dtypes, shapes, strict=True):
-                t = torch.empty(shape, dtype=getattr(torch, dtype))
+                t = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
                 dist.broadcast(t, src=0, group=group)
-                out.append(t)
+                out.append(t.cpu())  # through the pipe as host tensors
             conn.send(("ok", out))
         except Exception as exc:
             conn.send(("error", f"{type(exc).__name__}: {exc}"))

@@ -1,6 +1,6 @@
 """GPU tests: marked ``gpu`` and skipped where CUDA (or SGLang) is absent.
 
-``tests/sglang`` is put on ``sys.path``: the GPU pipeline test shares its run config,
+``tests/sglang`` and this folder are put on ``sys.path``: the GPU pipeline test shares its run config,
 fixture env and checks with the CPU one (``sglang_pipeline_check``).
 """
 
@@ -13,8 +13,10 @@ import pytest
 import torch
 
 SGLANG_TESTS = str(Path(__file__).parent.parent / "sglang")
-if SGLANG_TESTS not in sys.path:
-    sys.path.insert(0, SGLANG_TESTS)
+GPU_TESTS = str(Path(__file__).parent)  # spawned ranks import their worker module (tp2_worker) by name
+for _path in (SGLANG_TESTS, GPU_TESTS):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
 from sglang_pipeline_check import parity_env  # noqa: E402, F401 (a fixture, shared with tests/sglang)
 

@@ -81,3 +81,11 @@ def test_gather_refuses_missing_ranks_and_diverged_replicas():
     shards[(1, 0)]["decoder.final_layernorm.weight"] = shards[(1, 0)]["decoder.final_layernorm.weight"] + 1
     with pytest.raises(ConfigError, match="differs across tensor-parallel ranks"):
         gather_model_parallel_shards(shards, tp=2, ep=2, num_experts=cfg.num_experts)
+
+
+def test_receiver_allocates_on_cuda_for_nccl_and_on_the_host_for_gloo():
+    from labrl.harness.samplers.sglang_dist import receive_device
+
+    assert receive_device("nccl") == torch.device("cuda")
+    assert receive_device("gloo") == torch.device("cpu")
+    assert receive_device("nccl", "cuda:1") == torch.device("cuda:1")
