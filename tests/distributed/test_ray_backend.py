@@ -111,9 +111,11 @@ async def test_lab_env_worker_and_sampler_killed_mid_run(ray_cluster, tmp_path):
     assert r["mock/jobs"] == r["mock/keys"]
     last = metrics(run)[-1]
     assert "samplers 1/1" in last["health"]
-    # the restarted sampler served the current policy: every token of the last step was sampled
-    # at a version the admission bound allows
-    assert last["staleness/max"] <= 2
+    # the restarted sampler served the current policy: the last step's tokens respect the admission
+    # bound, except episodes replayed after the kill (resumed from transcripts sampled before it),
+    # which are trained with the corrections and counted, never dropped
+    if last["staleness/max"] > 2:
+        assert 0 < last["staleness/over_max_episodes"] <= r["groups_replayed"] * 2  # group_size 2
 
 
 async def test_a_lost_node_restarts_its_env_worker_elsewhere(ray_cluster, tmp_path):
