@@ -123,6 +123,40 @@ class Closeable(Protocol):
     async def close(self) -> None: ...
 
 
+class SamplerWrapper:
+    """Base of samplers that change ``generate`` and pass everything else to ``inner``.
+
+    Weight updates, pause/resume, the version, stats and close go straight
+    through, so a wrapper only writes the behaviour it adds.
+    """
+
+    def __init__(self, inner: Sampler) -> None:
+        self.inner = inner
+
+    @property
+    def version(self) -> int:
+        return self.inner.version
+
+    @property
+    def stats(self) -> Mapping[str, float]:
+        return self.inner.stats if isinstance(self.inner, ReportsSamplerStats) else {}
+
+    async def close(self) -> None:
+        if isinstance(self.inner, Closeable):
+            await self.inner.close()
+
+    async def update_weights(
+        self, weights: Mapping[str, torch.Tensor], version: int, *, force: bool = False
+    ) -> None:
+        await self.inner.update_weights(weights, version, force=force)
+
+    async def pause(self) -> None:
+        await self.inner.pause()
+
+    async def resume(self) -> None:
+        await self.inner.resume()
+
+
 @dataclass(frozen=True)
 class Trajectory:
     """One episode as token-level training data.

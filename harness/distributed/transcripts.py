@@ -25,10 +25,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from labrl.harness.rollout import current_member
-from labrl.harness.types import GenerateRequest, GenerateResult, Sampler
+from labrl.harness.types import GenerateRequest, GenerateResult, SamplerWrapper
 
 
 def prompt_digest(input_ids: Sequence[int]) -> str:
@@ -61,15 +60,8 @@ current_group: contextvars.ContextVar[GroupTranscript | None] = contextvars.Cont
 )
 
 
-class TranscriptSampler:
+class TranscriptSampler(SamplerWrapper):
     """A ``Sampler`` that records each member's turns and replays a saved record; see the module docstring."""
-
-    def __init__(self, inner: Sampler) -> None:
-        self.inner = inner
-
-    @property
-    def version(self) -> int:
-        return self.inner.version
 
     async def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
         group, member = current_group.get(), current_member.get()
@@ -92,14 +84,3 @@ class TranscriptSampler:
             turns.append(SavedTurn(digest, result))
             out.append(result)
         return out
-
-    async def update_weights(
-        self, weights: Mapping[str, torch.Tensor], version: int, *, force: bool = False
-    ) -> None:
-        await self.inner.update_weights(weights, version, force=force)
-
-    async def pause(self) -> None:
-        await self.inner.pause()
-
-    async def resume(self) -> None:
-        await self.inner.resume()

@@ -16,56 +16,31 @@ and cache ``c``::
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
-import torch
 
 from labrl.harness.config import OverlongSection
 from labrl.harness.types import (
     NO_VERSION,
-    Closeable,
     GenerateRequest,
     GenerateResult,
-    ReportsSamplerStats,
     Sampler,
+    SamplerWrapper,
     Trajectory,
 )
 
 
-class BudgetForcingSampler:
+class BudgetForcingSampler(SamplerWrapper):
     """Wraps a ``Sampler``: length-stopped generations get the cue and a short answer budget."""
 
     def __init__(self, inner: Sampler, cue_ids: Sequence[int], answer_tokens: int) -> None:
         if not cue_ids:
             raise ValueError("budget forcing needs a non-empty cue")
-        self.inner = inner
+        super().__init__(inner)
         self.cue_ids = list(cue_ids)
         self.answer_tokens = answer_tokens
         self.forced = 0
-
-    @property
-    def version(self) -> int:
-        return self.inner.version
-
-    @property
-    def stats(self) -> Mapping[str, float]:
-        return self.inner.stats if isinstance(self.inner, ReportsSamplerStats) else {}
-
-    async def close(self) -> None:
-        if isinstance(self.inner, Closeable):
-            await self.inner.close()
-
-    async def update_weights(
-        self, weights: Mapping[str, torch.Tensor], version: int, *, force: bool = False
-    ) -> None:
-        await self.inner.update_weights(weights, version, force=force)
-
-    async def pause(self) -> None:
-        await self.inner.pause()
-
-    async def resume(self) -> None:
-        await self.inner.resume()
 
     async def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
         first = await self.inner.generate(requests)
