@@ -40,7 +40,7 @@ def ensure_model_parallel(parallel: ParallelConfig, device: torch.device | str =
     from megatron.core import parallel_state
 
     caps = dev.detect_capabilities()
-    device = device if isinstance(device, torch.device) else dev.resolve_device(device, caps)
+    device = dev.resolve_device(str(device), caps)  # a torch.device too: "cuda" gains its ordinal
     with _init_lock:
         apply_workarounds(dev.workarounds(device, caps))
         backend = dev.process_group_backend(device)
@@ -108,7 +108,7 @@ def build_gpt_model(
     from megatron.core.transformer.moe.router_replay import RouterReplay
 
     caps = dev.detect_capabilities()
-    device = device if isinstance(device, torch.device) else dev.resolve_device(device, caps)
+    device = dev.resolve_device(str(device), caps)  # a torch.device too: "cuda" gains its ordinal
     parallel = parallel or ParallelConfig()
     ensure_model_parallel(parallel, device)
     choice = dev.layer_spec(device, caps)
@@ -123,8 +123,7 @@ def build_gpt_model(
     spec = decoder_block_spec(tconfig, use_transformer_engine=choice.use_transformer_engine)
     before = list(RouterReplay.global_router_replay_instances)
     cuda = device.type == "cuda"
-    if cuda:
-        torch.cuda.set_device(device)  # megatron allocates KV caches and buffers on the current device
+    dev.make_current(device)  # megatron allocates KV caches and buffers on the current device
     fork = torch.random.fork_rng(devices=[torch.cuda.current_device()] if cuda else [])
     with fork:
         torch.manual_seed(seed)

@@ -1,17 +1,20 @@
-"""Workarounds that let megatron-core 0.16.1 run a GPTModel with MoE layers on CPU, or without TE.
+"""Workarounds that let megatron-core 0.16.1 run a GPTModel with MoE layers on CPU, or without TE,
+and run a learner and a sampler in two threads of one process.
 
-megatron-core assumes CUDA (and TransformerEngine) in a handful of places.
-Each workaround below names the upstream spot it covers;
+megatron-core assumes CUDA (and TransformerEngine) in a handful of places, and one model per
+process. Each workaround below names the upstream spot it covers;
 ``labrl.harness.models.device.workarounds`` decides which ones a model needs
-(all of them on CPU; only 3, the ``te_general_gemm`` binding, on CUDA without
-TransformerEngine; none with it) and ``apply_workarounds`` installs them, each
-once per process.
+(all of them on CPU; on CUDA the two thread-safety ones, 1 and 7, plus 3 without
+TransformerEngine) and ``apply_workarounds`` installs them, each once per process.
 
-1. ``megatron/core/utils.py: GlobalMemoryBuffer.get_tensor`` allocates its
-   scratch buffer (used by the local ``DotProductAttention`` for ``baddbmm``)
-   on ``torch.cuda.current_device()``. Replaced by a fresh CPU allocation per
-   call: the one process-wide buffer would otherwise be shared by the learner
-   and the sampler, which run forward passes in different threads.
+1. ``megatron/core/utils.py: GlobalMemoryBuffer.get_tensor`` hands out one
+   process-wide scratch buffer (used by the local ``DotProductAttention`` for
+   ``baddbmm``) on ``torch.cuda.current_device()``. Replaced by a fresh
+   allocation per call, on the CPU without CUDA, else on the current CUDA
+   device: the learner and the sampler run forward passes in different
+   threads, and on one buffer one thread's softmax could read the other's
+   attention scores (on CUDA both threads' kernels share the default stream,
+   so nothing would fail: the scores would silently be wrong).
 2. ``megatron/core/tensor_parallel/random.py: CudaRNGStatesTracker.fork``
    swaps CUDA RNG states around dropout. On CPU the tracker is re-created as
    megatron's own inference tracker, whose ``fork`` is a no-op context (the
@@ -30,6 +33,13 @@ once per process.
    RotaryEmbedding.get_emb`` moves ``inv_freq`` to
    ``torch.cuda.current_device()`` on first use. Replaced by the same
    computation on the buffer's own device.
+7. ``CudaRNGStatesTracker.fork`` (the CUDA tracker, with its RNG states) keeps
+   the name of the state in force on the tracker and swaps the process-wide
+   CUDA RNG state: a learner step and a sampler forward forking at once in two
+   threads raised "current state name default-rng is not the same as the
+   desired state name model-parallel-rng" (seen on an H100, quickstart step
+   16). Each fork now holds one process-wide re-entrant lock, so forks (a
+   dropout call each) take turns.
 
 The MoE token dispatcher ``alltoall`` creates a CUDA stream in ``__init__``:
 that one is a config choice (``allgather`` on CPU), enforced by
@@ -38,6 +48,7 @@ that one is a config choice (``allgather`` on CPU), enforced by
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import torch
@@ -79,8 +90,10 @@ def apply_cpu_workarounds() -> bool:
 def _patch_global_memory_buffer() -> None:
     from megatron.core import utils
 
+    device = torch.cuda.current_device if torch.cuda.is_available() else lambda: "cpu"
+
     def get_tensor(self, tensor_shape, dtype, name, mem_alloc_context=None):  # type: ignore[no-untyped-def]
-        return torch.empty(tuple(tensor_shape), dtype=dtype, device="cpu", requires_grad=False)
+        return torch.empty(tuple(tensor_shape), dtype=dtype, device=device(), requires_grad=False)
 
     utils.GlobalMemoryBuffer.get_tensor = get_tensor
 
@@ -89,6 +102,23 @@ def _patch_rng_tracker() -> None:
     from megatron.core.tensor_parallel import random
 
     random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+
+
+_RNG_FORK_LOCK = threading.RLock()  # re-entrant: a fork inside a fork, in one thread, is megatron's own use
+
+
+def _patch_rng_fork_lock() -> None:
+    from megatron.core.tensor_parallel import random
+
+    fork = random.CudaRNGStatesTracker.fork
+
+    @contextlib.contextmanager
+    def locked_fork(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        with _RNG_FORK_LOCK, fork(self, *args, **kwargs):
+            yield
+
+    locked_fork.__wrapped__ = fork  # megatron's own, for the test that reproduces the race
+    random.CudaRNGStatesTracker.fork = locked_fork
 
 
 def _patch_router_gating_gemm() -> None:
@@ -145,6 +175,7 @@ def _patch_rotary_embedding() -> None:
 PATCHES = {
     "global_memory_buffer": _patch_global_memory_buffer,
     "rng_tracker": _patch_rng_tracker,
+    "rng_fork_lock": _patch_rng_fork_lock,
     "router_gating_gemm": _patch_router_gating_gemm,
     "router_gating_device": _patch_router_gating_device,
     "kv_cache_allocation": _patch_kv_cache_allocation,

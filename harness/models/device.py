@@ -17,9 +17,12 @@ token dispatcher   allgather               alltoall                             
 process group      gloo                    nccl                                   nccl
 param dtype auto   fp32                    bf16                                   bf16
 optimizer          AdamW on the params     AdamW on fp32 master copies (bf16)     same
-RNG tracker        inference (no-op fork)  CUDA RNG states                        CUDA RNG states
-workarounds        all of cpu_compat       ``te_general_gemm`` binding            none
+RNG tracker        inference (no-op fork)  CUDA RNG states, forks locked          same
+workarounds        all of cpu_compat       thread safety, ``te_general_gemm``     thread safety
 =================  ======================  =====================================  ======================
+
+"thread safety": a per-call attention scratch buffer and a lock around RNG forks
+(``cpu_compat`` 1 and 7), because the learner and the sampler run in two threads.
 """
 
 from __future__ import annotations
@@ -41,13 +44,14 @@ DEVICE_PATTERN = r"^(auto|cpu|cuda(:\d+)?)$"
 
 # Workarounds of labrl.harness.models.cpu_compat, by name (the names ``workarounds`` returns).
 CPU_ONLY_WORKAROUNDS = (
-    "global_memory_buffer",
     "rng_tracker",
     "router_gating_device",
     "kv_cache_allocation",
     "rotary_embedding",
 )
 NO_TE_WORKAROUNDS = ("router_gating_gemm",)
+# A learner and a sampler forward at once in two threads of one process, on any device.
+THREAD_SAFETY_WORKAROUNDS = ("global_memory_buffer", "rng_fork_lock")
 
 
 @dataclass(frozen=True)
@@ -55,11 +59,14 @@ class Capabilities:
     cuda: bool
     transformer_engine: bool
     grouped_gemm: bool = False  # fanshiqing/grouped_gemm: megatron-core's legacy GroupedMLP without TE
+    cuda_index: int = 0  # the current CUDA device when detected: what a bare ``cuda`` means
 
 
 def detect_capabilities() -> Capabilities:
+    cuda = torch.cuda.is_available()
     return Capabilities(
-        cuda=torch.cuda.is_available(),
+        cuda=cuda,
+        cuda_index=torch.cuda.current_device() if cuda else 0,
         transformer_engine=_importable("transformer_engine.pytorch"),
         grouped_gemm=_importable("grouped_gemm"),
     )
@@ -73,15 +80,33 @@ def _importable(module: str) -> bool:
 
 
 def resolve_device(requested: str, caps: Capabilities) -> torch.device:
-    """``auto`` -> ``cuda`` when CUDA is available, else ``cpu``; ``cuda[:N]`` without CUDA is an error."""
+    """``auto`` -> CUDA when available, else ``cpu``; ``cuda[:N]`` without CUDA is an error.
+
+    A CUDA device always comes back with its ordinal (``cuda`` -> ``cuda:<current>``): tensors report
+    ``cuda:0``, never ``cuda``, so an unindexed device compares unequal to their ``.device``, and
+    ``torch.cuda.set_device`` refuses it (seen on an H100: "Expected a torch.device with a
+    specified index").
+    """
     if not re.match(DEVICE_PATTERN, requested):
         raise ConfigError(f"device={requested!r}: use auto, cpu, cuda or cuda:N")
     if requested == "auto":
-        return torch.device("cuda" if caps.cuda else "cpu")
+        return torch.device("cuda", caps.cuda_index) if caps.cuda else torch.device("cpu")
     device = torch.device(requested)
     if device.type == "cuda" and not caps.cuda:
         raise ConfigError(f"device={requested!r} but CUDA is not available here: use device=auto or cpu")
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", caps.cuda_index)
     return device
+
+
+def make_current(device: torch.device) -> None:
+    """Make ``device`` the current CUDA device (a no-op off CUDA); a bare ``cuda`` keeps the current one.
+
+    megatron-core allocates buffers, and NCCL binds its groups, on the current device, not on the
+    device the model was asked for.
+    """
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device.index)
 
 
 def param_dtype(precision: str, device: torch.device) -> torch.dtype:
@@ -160,5 +185,5 @@ def workarounds(device: torch.device, caps: Capabilities) -> tuple[str, ...]:
     """Names of the ``cpu_compat`` patches a model on ``device`` needs."""
     no_te = () if caps.transformer_engine else NO_TE_WORKAROUNDS
     if device.type == "cuda":
-        return no_te
-    return CPU_ONLY_WORKAROUNDS + no_te
+        return THREAD_SAFETY_WORKAROUNDS + no_te
+    return (*THREAD_SAFETY_WORKAROUNDS, *CPU_ONLY_WORKAROUNDS, *no_te)

@@ -38,6 +38,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from labrl.harness.models.device import make_current
+
 DEFAULT_GROUP_TIMEOUT_S = 1800.0  # torch's default_pg_timeout, which SGLang's servers use
 
 
@@ -147,11 +149,11 @@ class WeightBroadcaster:
 
 
 def receive_device(backend: str, device: str | torch.device | None = None) -> torch.device:
-    """Where a receiver allocates broadcast buffers: ``device`` if given, else CUDA for NCCL
-    (which moves CUDA tensors only), the CPU for gloo."""
+    """Where a receiver allocates broadcast buffers: ``device`` if given, else the receiver
+    process's first GPU for NCCL (which moves CUDA tensors only), the CPU for gloo."""
     if device is not None:
         return torch.device(device)
-    return torch.device("cuda") if backend == "nccl" else torch.device("cpu")
+    return torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
 
 
 class WeightReceiver:
@@ -244,8 +246,7 @@ def _receiver_main(conn: Any, spec: dict) -> None:
     spec = dict(spec)
     device = torch.device(spec.pop("device"))
     try:
-        if device.type == "cuda":
-            torch.cuda.set_device(device)  # NCCL binds the group to the current device
+        make_current(device)  # NCCL binds the group to the current device
         group = init_custom_group(**spec)
     except Exception as exc:  # the caller turns it into SGLang's "Failed to initialize ..." answer
         conn.send(("error", f"{type(exc).__name__}: {exc}"))

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -30,6 +33,37 @@ def test_every_subpackage_is_listed_in_pyproject():
             relative = init.parent.relative_to(ROOT / folder)
             on_disk.add(".".join([dotted, *relative.parts]))
     assert sorted(on_disk - set(config["packages"])) == []
+
+
+def test_the_wheel_carries_every_file_of_the_package_folders(tmp_path):
+    """A non-editable install (a GPU node's, a user's ``pip install labrl``) reads its data from the
+    wheel: once the XRD libraries under ``verifiers/xrd/data/`` were left out, and every XRD env
+    failed there with "phases.json is missing"."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
+    (wheel,) = tmp_path.glob("labrl-*.whl")
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    expected = set()
+    for dotted, folder in MAPPED.items():
+        for path in (ROOT / folder).rglob("*"):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+                expected.add("/".join([*dotted.split("."), *path.relative_to(ROOT / folder).parts]))
+    assert sorted(expected - shipped) == []
 
 
 def test_license_is_declared_as_an_spdx_expression_with_its_file():

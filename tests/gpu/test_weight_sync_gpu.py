@@ -102,7 +102,7 @@ def _round_trip(backend: str, receiver_device: str, sender_device: str = "cuda:0
 
 
 def test_update_group_on_one_gpu_moves_cuda_tensors_over_gloo():
-    assert receive_device("nccl") == torch.device("cuda")
+    assert receive_device("nccl") == torch.device("cuda", 0)
     _round_trip("gloo", "cpu")
 
 

@@ -21,10 +21,31 @@ def on(caps: dev.Capabilities) -> torch.device:
     return dev.resolve_device("auto", caps)
 
 
-@pytest.mark.parametrize(("caps", "want"), [(CPU, "cpu"), (CPU_TE, "cpu"), (CUDA, "cuda"), (CUDA_TE, "cuda")])
+@pytest.mark.parametrize(
+    ("caps", "want"), [(CPU, "cpu"), (CPU_TE, "cpu"), (CUDA, "cuda:0"), (CUDA_TE, "cuda:0")]
+)
 def test_auto_device_is_cuda_when_available(caps, want):
     assert on(caps) == torch.device(want)
     assert dev.resolve_device("cpu", caps) == torch.device("cpu")
+
+
+def test_a_cuda_device_always_carries_its_ordinal():
+    """Tensors on CUDA report ``cuda:N``; a bare ``cuda`` would compare unequal to their device, and
+    ``torch.cuda.set_device`` refuses it (first seen on an H100)."""
+    on_gpu_2 = dev.Capabilities(cuda=True, transformer_engine=False, cuda_index=2)
+    assert dev.resolve_device("auto", on_gpu_2) == torch.device("cuda", 2)
+    assert dev.resolve_device("cuda", on_gpu_2) == torch.device("cuda", 2)
+    assert dev.resolve_device("cuda:1", on_gpu_2) == torch.device("cuda", 1)
+    assert dev.resolve_device(str(torch.device("cuda")), on_gpu_2).index == 2
+
+
+def test_make_current_sets_only_an_indexed_cuda_device(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", calls.append)
+    dev.make_current(torch.device("cpu"))
+    dev.make_current(torch.device("cuda"))  # the current device stays current
+    dev.make_current(torch.device("cuda", 1))
+    assert calls == [1]
 
 
 def test_explicit_cuda_without_cuda_is_a_config_error():
@@ -79,11 +100,16 @@ def test_optimizer_wrapper_follows_the_dtype():
 @pytest.mark.parametrize(
     ("caps", "want"),
     [
-        (CPU, set(dev.CPU_ONLY_WORKAROUNDS) | {"router_gating_gemm"}),
-        (CPU_TE, set(dev.CPU_ONLY_WORKAROUNDS)),
-        (CUDA, {"router_gating_gemm"}),  # te_general_gemm is unbound without TE on CUDA too
-        (CUDA_GG, {"router_gating_gemm"}),
-        (CUDA_TE, set()),
+        (
+            CPU,
+            set(dev.CPU_ONLY_WORKAROUNDS) | {"global_memory_buffer", "rng_fork_lock", "router_gating_gemm"},
+        ),
+        (CPU_TE, set(dev.CPU_ONLY_WORKAROUNDS) | {"global_memory_buffer", "rng_fork_lock"}),
+        # te_general_gemm is unbound without TE on CUDA too; the learner and the sampler share a
+        # process on every device, so the thread-safety pair applies everywhere
+        (CUDA, {"global_memory_buffer", "rng_fork_lock", "router_gating_gemm"}),
+        (CUDA_GG, {"global_memory_buffer", "rng_fork_lock", "router_gating_gemm"}),
+        (CUDA_TE, {"global_memory_buffer", "rng_fork_lock"}),
     ],
 )
 def test_workarounds_for_each_combination(caps, want):
@@ -145,3 +171,59 @@ def get_preset_small():
 
     return get_preset("tiny-moe").model_copy(update={"num_layers": 1, "hidden_size": 32, "ffn_hidden_size": 64,
                                                      "moe_ffn_hidden_size": 32})  # fmt: skip
+
+
+def test_rng_forks_in_two_threads_take_turns(monkeypatch):
+    """megatron's CUDA RNG tracker keeps the state in force on itself; a learner step and a sampler
+    forward forking at once (two threads) raised "current state name default-rng is not the same as
+    the desired state name model-parallel-rng" on an H100. The CUDA RNG state is faked here."""
+    import threading
+    import time
+
+    from megatron.core.tensor_parallel import random as mrandom
+
+    from labrl.harness.models.cpu_compat import apply_workarounds
+
+    cuda_state = {"value": torch.zeros(1)}
+    monkeypatch.setattr(mrandom, "_get_cuda_rng_state", lambda *a, **k: cuda_state["value"].clone())
+    monkeypatch.setattr(mrandom, "_set_cuda_rng_state", lambda s, *a, **k: cuda_state.update(value=s.clone()))
+
+    def race(tracker) -> list[BaseException]:
+        errors: list[BaseException] = []
+        inside = threading.Barrier(2, timeout=0.5)
+        entered = []
+
+        def fork_once():
+            try:
+                with tracker.fork():
+                    entered.append(threading.get_ident())
+                    try:
+                        inside.wait()  # both threads inside a fork at once, if nothing stops them
+                    except threading.BrokenBarrierError:
+                        pass
+                    if entered[0] != threading.get_ident():
+                        time.sleep(0.05)  # the first one in leaves first: the order that fails
+            except Exception as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=fork_once) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return errors
+
+    def fresh_tracker():
+        tracker = mrandom.CudaRNGStatesTracker()
+        tracker.states_[mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME] = torch.ones(1)
+        return tracker
+
+    apply_workarounds(("rng_fork_lock",))
+    assert race(fresh_tracker()) == []
+
+    class Unlocked(mrandom.CudaRNGStatesTracker):  # megatron's own fork, as shipped
+        fork = mrandom.CudaRNGStatesTracker.fork.__wrapped__
+
+    unlocked = Unlocked()
+    unlocked.states_[mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME] = torch.ones(1)
+    assert any("is not the same as the desired state name" in str(e) for e in race(unlocked))

@@ -86,6 +86,6 @@ def test_gather_refuses_missing_ranks_and_diverged_replicas():
 def test_receiver_allocates_on_cuda_for_nccl_and_on_the_host_for_gloo():
     from labrl.harness.samplers.sglang_dist import receive_device
 
-    assert receive_device("nccl") == torch.device("cuda")
+    assert receive_device("nccl") == torch.device("cuda", 0)
     assert receive_device("gloo") == torch.device("cpu")
     assert receive_device("nccl", "cuda:1") == torch.device("cuda:1")
