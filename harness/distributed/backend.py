@@ -26,6 +26,7 @@ from labrl.harness.distributed.clients import EnvWorkerPool, LearnerClient, Remo
 from labrl.harness.distributed.config import RaySection
 from labrl.harness.distributed.lab_gateway import LabGateway, gateway_factory
 from labrl.harness.distributed.placement import Demand, check_placement, cluster_nodes, wait_placed
+from labrl.harness.distributed.transcript_store import FILE_NAME as TRANSCRIPTS_FILE
 from labrl.harness.tokenizer import Tokenizer
 
 
@@ -132,10 +133,12 @@ async def start_ray(cfg: RunConfig, *, tokenizer: Tokenizer, resume: bool, on_sf
     try:
         head = _head_affinity()
         control = new(Control, num_cpus=0, scheduling_strategy=head, name=name("control")).remote()
+        # its transcripts on the head's disk, in the run directory (pinned there with the driver)
+        transcripts = str(Path(cfg.run_dir).resolve() / TRANSCRIPTS_FILE)
         gateway = new(
             LabGateway, num_cpus=0, scheduling_strategy=head, max_restarts=-1, max_concurrency=100_000,
             name=name("gateway"),
-        ).remote()  # fmt: skip
+        ).remote(transcripts, fresh=not resume)  # fmt: skip
         created += [control, gateway]
         learner_options, pg = await asyncio.to_thread(_learner_options, r)
         pgs += [pg] if pg is not None else []
@@ -185,7 +188,7 @@ async def start_ray(cfg: RunConfig, *, tokenizer: Tokenizer, resume: bool, on_sf
             ray.shutdown()
         raise
     use_connection_factory(gateway_factory(gateway))  # the driver's eval episodes call the lab through it too
-    pool = EnvWorkerPool(workers, gateway)
+    pool = EnvWorkerPool(workers, gateway, held=await gateway.held.remote())
     monitor = RayMonitor(pool, sampler, control, gateway, learner)
 
     async def close() -> dict[str, Any]:
@@ -203,7 +206,7 @@ async def start_ray(cfg: RunConfig, *, tokenizer: Tokenizer, resume: bool, on_sf
 
     return RunParts(
         learner=learner, sampler=sampler, sft_s=sft_s, play_group=pool.play, step_extras=monitor.step_record,
-        close=close,
+        on_checkpoint=pool.checkpointed, close=close,
     )  # fmt: skip
 
 

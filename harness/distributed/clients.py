@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -248,9 +248,13 @@ class LearnerClient:
 class EnvWorkerPool:
     """The orchestrator's ``play_group`` over env worker actors; see the module docstring."""
 
-    def __init__(self, workers: Sequence[Any], gateway: Any) -> None:
+    def __init__(self, workers: Sequence[Any], gateway: Any, held: Iterable[int] = ()) -> None:
+        """``held``: groups the gateway has transcripts for when the run starts (a resume after the
+        whole run stopped): played from them on their first attempt, like a dead worker's groups."""
         self.workers = list(workers)
         self.gateway = gateway
+        self.to_resume = set(held)
+        self.delivered: set[int] = set()  # trajectories here, transcripts kept until a checkpoint covers them
         self.load = [0] * len(self.workers)
         self.liveness = _Prober(self.workers, "ready")
         self.counters: Counter[str] = Counter()
@@ -269,7 +273,9 @@ class EnvWorkerPool:
         while True:
             i = self._pick(failed)
             self.load[i] += 1
-            ref = self.workers[i].play_group.remote(index, task, sampling, attempt > 0)
+            ref = self.workers[i].play_group.remote(
+                index, task, sampling, attempt > 0 or index in self.to_resume
+            )
             try:
                 result = await ref
             except asyncio.CancelledError:
@@ -293,8 +299,16 @@ class EnvWorkerPool:
             self.counters.update(result.counters)
             self.counters["groups_played"] += 1
             self.payload_bytes += result.payload_bytes
-            self.gateway.release.remote([index])  # its transcripts are no longer needed
+            self.to_resume.discard(index)
+            self.delivered.add(index)
             return result.trajectories
+
+    def checkpointed(self, inflight: Collection[int]) -> None:
+        """A checkpoint was written: the groups it does not leave in flight need no transcripts."""
+        done = self.delivered - set(inflight)
+        if done:
+            self.gateway.release.remote(sorted(done))  # fire and forget: the gateway orders its calls
+            self.delivered -= done
 
     def health(self) -> Mapping[str, Any]:
         return {"up": len(self.workers) - len(self.liveness.down), "total": len(self.workers)}

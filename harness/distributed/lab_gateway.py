@@ -17,11 +17,13 @@ or returns its delivered result).
 
 What a head-node loss costs: Ray's control store (GCS) is on the head, so the
 cluster and the run stop. The journal is a file (``journal_path`` of the lab
-env, default ``runs/lab/journal.sqlite`` on the head's disk) and survives: the
-rerun resumes from the last checkpoint and ``JournaledLab`` re-attaches to
-every journaled job. The transcripts are in the gateway's memory and do not
-survive: the groups in flight are re-run, so jobs they had running are paid
-but their results go untrained.
+env, default ``runs/lab/journal.sqlite`` on the head's disk), and so are the
+transcripts (``transcript_store``: ``RUN_DIR/lab_transcripts.sqlite``, written
+before the lab request goes out). The rerun resumes from the last checkpoint;
+the groups in flight are played again from their transcripts and
+``JournaledLab`` re-attaches to their jobs: nothing paid for is lost, unless
+the head's disk is lost too (put the run directory and the journal on shared
+storage against that).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from labrl.envs.lab.session import LabSettings, connection, open_connections
+from labrl.harness.distributed.transcript_store import TranscriptStore
 from labrl.harness.distributed.transcripts import SavedTurn, current_group
 from labrl.harness.rollout import current_member
 
@@ -38,10 +41,16 @@ from labrl.harness.rollout import current_member
 class LabGateway:
     """The actor's body (``ray.remote(LabGateway)``); plain methods, unit-testable without Ray."""
 
-    def __init__(self) -> None:
+    def __init__(self, store_path: str | None = None, *, fresh: bool = True) -> None:
+        """``store_path``: where the transcripts are kept on disk (``transcript_store``); None: memory only.
+        ``fresh``: a new run (not a resume) starts with no transcripts."""
+        self.store = TranscriptStore(store_path, fresh=fresh) if store_path is not None else None
         self.transcripts: dict[int, dict[int, list[SavedTurn]]] = {}
         self.group_keys: dict[int, set[str]] = {}
+        if self.store is not None:
+            self.transcripts, self.group_keys = self.store.load()
         self.counters: Counter[str] = Counter()
+        self.pending = 0  # lab calls waiting on their job right now
 
     async def run(
         self,
@@ -60,24 +69,37 @@ class LabGateway:
             if resumed and key in keys:
                 self.counters["jobs_reattached"] += 1
             keys.add(key)
+            if self.store is not None:  # on disk before the lab request goes out
+                await self.store.put(group, member, transcript, key)
         self.counters["lab_calls"] += 1
-        conn = await connection(settings)
-        return await conn.lab.run(request, key)
+        self.pending += 1
+        try:
+            conn = await connection(settings)
+            return await conn.lab.run(request, key)
+        finally:
+            self.pending -= 1
 
     async def saved(self, group: int) -> dict[int, list[SavedTurn]]:
         """The transcripts kept for ``group`` (member -> turns); empty when none had a lab job."""
         return dict(self.transcripts.get(group, {}))
 
+    async def held(self) -> list[int]:
+        """The groups with transcripts (after a restart of the run: those to resume, not re-run)."""
+        return sorted(self.transcripts)
+
     async def release(self, groups: Sequence[int]) -> None:
-        """The driver holds these groups' trajectories: their transcripts are no longer needed."""
+        """A checkpoint covers these groups' trajectories: their transcripts are no longer needed."""
         for g in groups:
             self.transcripts.pop(g, None)
             self.group_keys.pop(g, None)
+        if self.store is not None:
+            await self.store.release(groups)
 
     async def stats(self) -> dict[str, Any]:
         """Gateway counters, the journaled labs' counters and, for the in-process mock lab, its own counts."""
         out: dict[str, Any] = dict(self.counters)
         out["transcripts_held"] = sum(len(v) for v in self.transcripts.values())
+        out["lab_calls_pending"] = self.pending
         for conn in open_connections():
             for name, value in conn.lab.stats.items():
                 out[f"journal/{name}"] = out.get(f"journal/{name}", 0) + value

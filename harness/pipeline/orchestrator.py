@@ -136,6 +136,7 @@ class Orchestrator:
         on_eval: Callable[[dict[str, Any]], None] | None = None,
         play_group: GroupPlayer | None = None,
         step_extras: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+        on_checkpoint: Callable[[set[int]], None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.make_env = make_env
@@ -151,6 +152,9 @@ class Orchestrator:
         # where a group's episodes run: here (rollout_group) or on a remote env worker (backend=ray)
         self.play_group: GroupPlayer = play_group or self._play_here
         self.step_extras = step_extras
+        # told, after each checkpoint, which groups it leaves to replay (the Ray lab gateway keeps
+        # their transcripts and releases the rest)
+        self.on_checkpoint = on_checkpoint
         self.max_staleness = {"sync": 0, "one_step_off": 1}.get(cfg.mode, cfg.max_staleness)
         self.defer_weight_sync = cfg.mode == "one_step_off"
         self.buffer = GroupBuffer(cfg.batch_groups, dynamic_sampling=cfg.dynamic_sampling)
@@ -527,8 +531,11 @@ class Orchestrator:
     def save_checkpoint(self) -> Path:
         """``run_dir/checkpoints/step_N/{learner.pt, pipeline.pt}`` and a ``latest`` pointer (atomic)."""
         assert self.run_dir is not None
-        target = write_checkpoint(self.run_dir, self.step, self.learner, self.state_dict())
+        state = self.state_dict()
+        target = write_checkpoint(self.run_dir, self.step, self.learner, state)
         self._last_checkpoint_at = time.perf_counter()
+        if self.on_checkpoint is not None:
+            self.on_checkpoint({index for index, _ in state["inflight"]})
         return target
 
     async def resume(self, checkpoint_dir: str | Path) -> None:

@@ -139,6 +139,7 @@ class RunParts:
     sft_s: float = 0.0
     play_group: Any = None  # Orchestrator's group player; None: rollout_group in this process
     step_extras: Any = None  # async () -> dict merged into each step record
+    on_checkpoint: Any = None  # (indices of the groups a checkpoint leaves in flight) -> None
     close: Callable[[], Awaitable[dict[str, Any]]] = field(default=lambda: _nothing())
 
 
@@ -370,6 +371,7 @@ async def _train(
             on_eval=on_eval,
             play_group=parts.play_group,
             step_extras=parts.step_extras,
+            on_checkpoint=parts.on_checkpoint,
         )
         if ckpt is not None:
             await orch.resume(ckpt)

@@ -24,6 +24,7 @@ ray = pytest.importorskip("ray")
 def ray_cluster():
     import ray_test_envs
     from ray.cluster_utils import Cluster
+    from ray_helpers import LAB_TOKEN
 
     ray_test_envs.register_all()
     cluster = None
@@ -39,7 +40,11 @@ def ray_cluster():
     ray.init(
         address=cluster.address,
         logging_level="WARNING",
-        runtime_env={"worker_process_setup_hook": "ray_test_envs.register_all"},
+        runtime_env={
+            "worker_process_setup_hook": "ray_test_envs.register_all",
+            # the lab key every actor process would get from its node's environment on a real cluster
+            "env_vars": {"LABRL_LAB_API_KEY": LAB_TOKEN},
+        },
     )
     yield cluster
     ray.shutdown()

@@ -9,6 +9,8 @@ from typing import Any
 TINY = {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 2, "ffn_hidden_size": 64,
         "moe_ffn_hidden_size": 32, "num_experts": 4, "moe_router_topk": 2, "max_sequence_length": 256}  # fmt: skip
 
+LAB_TOKEN = "tok-ray-5d21c0"  # the loopback mock lab's bearer token, in every actor's environment
+
 #: every actor asks for a sliver of a CPU: the test cluster has 2 and runs all of them
 SMALL_ACTORS = {
     "learner_cpus": 0.1,

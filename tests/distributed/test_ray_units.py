@@ -154,6 +154,77 @@ async def test_the_gateway_keeps_transcripts_and_counts_reattached_jobs():
         await close_connections()
 
 
+async def test_transcripts_on_disk_outlive_the_gateway_and_rejoin_its_job(tmp_path):
+    """The head node is lost with the gateway in it: a new gateway on the same file (the rerun)
+    holds the in-flight episode's transcript and re-attaches its lab job; a fresh run holds nothing."""
+    store = tmp_path / "run" / "lab_transcripts.sqlite"
+    settings = LabSettings(None, "LABRL_LAB_API_KEY", str(tmp_path / "journal.sqlite"), 0.05)
+    request = {
+        "kind": "synthesis",
+        "recipe": {"precursors": [{"formula": "CaCO3", "mmol": 10}, {"formula": "TiO2", "mmol": 10}],
+                   "temperature_c": 1200, "time_h": 16, "atmosphere": "air"},
+        "sample_seed": 3,
+    }  # fmt: skip
+    turns = [SavedTurn("d1", GenerateResult("r", [1, 2], [-0.5, -0.25], [0, 1], "stop"))]
+    try:
+        first = LabGateway(str(store), fresh=True)
+        job = await first.run(settings, request, "k1", group=7, member=1, transcript=turns)
+        await first.run(settings, request | {"sample_seed": 4}, "k2", group=8, member=0, transcript=turns)
+        await first.release([8])  # a checkpoint covers group 8
+
+        rerun = LabGateway(str(store), fresh=False)
+        assert await rerun.held() == [7]
+        saved = await rerun.saved(7)
+        assert list(saved) == [1] and saved[1] == turns
+        again = await rerun.run(settings, request, "k1", group=7, member=1, transcript=saved[1], resumed=True)
+        assert again.status.job_id == job.status.job_id and not again.fresh
+        assert (await rerun.stats())["jobs_reattached"] == 1
+
+        assert await LabGateway(str(store), fresh=True).held() == []  # a new run replays nothing
+    finally:
+        await close_connections()
+
+
+class _Worker:
+    """An env worker handle whose ``play_group`` records whether each group was asked to resume."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, bool]] = []
+        self.play_group = self
+
+    def remote(self, index, task, sampling, resume):
+        from labrl.harness.distributed.actors import GroupResult
+
+        self.calls.append((index, resume))
+        return _Ref(GroupResult([], {}, 0))
+
+
+class _Gateway:
+    def __init__(self) -> None:
+        self.released: list[list[int]] = []
+        self.release = self
+
+    def remote(self, groups):
+        self.released.append(groups)
+
+
+async def test_the_pool_resumes_held_groups_and_releases_only_what_a_checkpoint_covers():
+    from labrl.harness.distributed.clients import EnvWorkerPool
+
+    worker, gateway = _Worker(), _Gateway()
+    pool = EnvWorkerPool([worker], gateway, held=[3])
+    pool.liveness.close()
+    for index in (3, 4, 5):
+        await pool.play(index, None, None)
+    await pool.play(3, None, None)  # played again later (not from a restart): no resume
+    assert worker.calls == [(3, True), (4, False), (5, False), (3, False)]
+    assert gateway.released == []  # delivered is not covered: a crash now would replay them
+    pool.checkpointed({5})  # the checkpoint still counts group 5 in flight
+    assert gateway.released == [[3, 4]]
+    pool.checkpointed(set())
+    assert gateway.released == [[3, 4], [5]]
+
+
 class _Ref:
     """Awaitable like a Ray ObjectRef."""
 

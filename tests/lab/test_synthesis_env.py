@@ -6,12 +6,11 @@ import asyncio
 import json
 import random
 import re
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from loopback_lab import serve_mock_lab
 
 import labrl.envs
 from labrl.envs.actions import parse_action
@@ -20,7 +19,6 @@ from labrl.envs.lab import SynthesisEnv, SynthesisMultiTurnEnv
 from labrl.envs.lab.session import close_connections
 from labrl.envs.types import Action, Outcome
 from labrl.errors import ConfigError
-from labrl.lab_adapters.mock.server import MockLabConfig, create_app
 from labrl.lab_adapters.recipes import gold_recipe
 
 from .conftest import TOKEN
@@ -32,30 +30,10 @@ def answer(recipe: dict) -> Action:
 
 @pytest.fixture
 def loopback_lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, object]]:
-    """The mock lab served by uvicorn in a thread on a real loopback socket."""
-    import uvicorn
-
     monkeypatch.setenv("LABRL_MOCK_LAB_TOKEN", TOKEN)
     monkeypatch.setenv("LABRL_LAB_API_KEY", TOKEN)
-    asgi = create_app(MockLabConfig(state_dir=tmp_path / "lab", latency_median_s=0.05, latency_sigma=0.2))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(asgi, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1)
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(400):
-        if server.started:
-            break
-        threading.Event().wait(0.025)
-    assert server.started, "uvicorn did not start"
-    try:
-        yield f"http://127.0.0.1:{port}", asgi
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with serve_mock_lab(tmp_path / "lab", latency_median_s=0.05) as served:
+        yield served
 
 
 async def test_end_to_end_over_loopback_http(loopback_lab, tmp_path):

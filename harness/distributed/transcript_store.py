@@ -1,0 +1,119 @@
+"""The lab gateway's transcripts on disk, so that a lost head node does not lose paid-for lab jobs.
+
+The gateway keeps, per group and member, the turns an episode generated before
+it asked the lab for an experiment (``transcripts``), and the lab keys it
+used. In memory they survive a dead env worker, not the head node (the driver
+and the gateway live there). Written here, in the run directory, before the
+lab request goes out, they survive a crash of the whole run: the rerun resumes
+from its checkpoint, the groups that were in flight are played again from
+these transcripts, and their lab calls re-attach to the journaled jobs instead
+of paying for new ones.
+
+A group's rows are deleted once a checkpoint covers the group (its
+trajectories are in that checkpoint's buffer, trained, or dropped), not when
+the driver receives them: a crash between the two would otherwise replay the
+group without them.
+
+One SQLite file, written by one thread (the gateway actor's event loop must not
+wait on the disk), WAL so a crash mid-write loses at most the write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import sqlite3
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from labrl.harness.distributed.transcripts import SavedTurn
+
+FILE_NAME = "lab_transcripts.sqlite"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS transcripts (
+    grp INTEGER NOT NULL,
+    member INTEGER NOT NULL,
+    turns BLOB NOT NULL,
+    PRIMARY KEY (grp, member)
+);
+CREATE TABLE IF NOT EXISTS lab_keys (
+    grp INTEGER NOT NULL,
+    lab_key TEXT NOT NULL,
+    PRIMARY KEY (grp, lab_key)
+);
+"""
+
+Transcripts = dict[int, dict[int, list["SavedTurn"]]]
+
+
+class TranscriptStore:
+    """``put`` before each lab call, ``release`` once a checkpoint covers the group, ``load`` on start.
+
+    ``fresh=True`` (a run that is not resuming) empties the file: another run's transcripts under the
+    same group indices must not be replayed.
+    """
+
+    def __init__(self, path: str | Path, *, fresh: bool) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="labrl-transcripts")
+        self._conn: sqlite3.Connection = self._thread.submit(self._open, fresh).result()
+
+    def _open(self, fresh: bool) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA busy_timeout=5000")
+        conn.executescript(_SCHEMA)
+        if fresh:
+            conn.execute("DELETE FROM transcripts")
+            conn.execute("DELETE FROM lab_keys")
+        return conn
+
+    async def _run(self, fn, *args):  # type: ignore[no-untyped-def]
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    def load(self) -> tuple[Transcripts, dict[int, set[str]]]:
+        """Everything held: transcripts per group and member, and the lab keys per group (blocking; at start)."""
+        return self._thread.submit(self._load).result()
+
+    def _load(self) -> tuple[Transcripts, dict[int, set[str]]]:
+        transcripts: Transcripts = {}
+        for grp, member, blob in self._conn.execute("SELECT grp, member, turns FROM transcripts"):
+            transcripts.setdefault(grp, {})[member] = pickle.loads(blob)
+        keys: dict[int, set[str]] = {}
+        for grp, key in self._conn.execute("SELECT grp, lab_key FROM lab_keys"):
+            keys.setdefault(grp, set()).add(key)
+        return transcripts, keys
+
+    async def put(self, group: int, member: int, turns: Sequence[SavedTurn], key: str) -> None:
+        """Durable before it returns: the caller sends the lab request only after this."""
+        blob = pickle.dumps(list(turns), protocol=5)
+        await self._run(self._put, group, member, blob, key)
+
+    def _put(self, group: int, member: int, blob: bytes, key: str) -> None:
+        with self._conn:
+            self._conn.execute("BEGIN")
+            self._conn.execute(
+                "INSERT OR REPLACE INTO transcripts (grp, member, turns) VALUES (?, ?, ?)",
+                (group, member, blob),
+            )
+            self._conn.execute("INSERT OR IGNORE INTO lab_keys (grp, lab_key) VALUES (?, ?)", (group, key))
+
+    async def release(self, groups: Iterable[int]) -> None:
+        rows = [(g,) for g in groups]
+        if rows:
+            await self._run(self._release, rows)
+
+    def _release(self, rows: list[tuple[int]]) -> None:
+        with self._conn:
+            self._conn.execute("BEGIN")
+            self._conn.executemany("DELETE FROM transcripts WHERE grp = ?", rows)
+            self._conn.executemany("DELETE FROM lab_keys WHERE grp = ?", rows)
+
+    def close(self) -> None:
+        self._thread.submit(self._conn.close).result()
+        self._thread.shutdown(wait=True)
