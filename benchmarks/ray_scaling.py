@@ -11,8 +11,10 @@ actors of ``labrl train ... backend=ray``).
 
 For N in ``--workers`` (1 2 4): ``N x --groups-per-worker`` groups in flight
 on N env workers, against in-process with the same groups in flight (equal
-concurrency, the baseline of the same run). Ray overhead = 1 - Ray eps /
-in-process eps; per episode = (Ray wall - in-process wall) / episodes.
+concurrency, the baseline of the same run), ``--repeats`` pairs in alternating
+order. Ray overhead = 1 - in-process wall / Ray wall per pair, reported as the
+median and the range over the pairs; per episode = (Ray wall - in-process
+wall) / episodes, from the median walls.
 Then the same with 4 workers and one killed mid-run (Ray restarts it; its
 groups replay elsewhere): episodes finished per second over time, the dip and
 the time until throughput is back to 90 % of the pre-kill mean.
@@ -32,6 +34,7 @@ import json
 import math
 import os
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -189,22 +192,36 @@ async def main_async(args) -> dict[str, Any]:
         in_flight = n * args.groups_per_worker
         groups = args.groups * n  # the same number of waves at every N
         pool = EnvWorkerPool(workers[:n], gateway)
-        base_s = await play(inproc, env, sampling, groups, in_flight, next_index, [])
-        cpu0 = time.process_time()
-        ray_s = await play(pool.play, env, sampling, groups, in_flight, next_index, [])
-        driver_cpu_s = time.process_time() - cpu0  # the orchestrator's side of the rollout plane
-        next_index += groups
+        # --repeats pairs, the order alternating (ABBA...) so a drift in the machine's load hits both
+        pairs, driver_cpu_s = [], 0.0
+        for r in range(args.repeats):
+            first_ray = r % 2 == 1
+            times = {}
+            for mode in ("ray", "inproc") if first_ray else ("inproc", "ray"):
+                if mode == "ray":
+                    cpu0 = time.process_time()
+                    times[mode] = await play(pool.play, env, sampling, groups, in_flight, next_index, [])
+                    driver_cpu_s += time.process_time() - cpu0  # the orchestrator's side of the rollout plane
+                else:
+                    times[mode] = await play(inproc, env, sampling, groups, in_flight, next_index, [])
+                next_index += groups  # fresh tasks: every measurement waits its own latency draws
+            pairs.append((times["inproc"], times["ray"]))
+        overheads = sorted(1 - b / r_ for b, r_ in pairs)
+        base_s = statistics.median(b for b, _ in pairs)
+        ray_s = statistics.median(r_ for _, r_ in pairs)
         episodes = groups * args.group_size
         payload = pool.payload_bytes / max(1, pool.counters["groups_played"])
         row = {
             "workers": n,
             "groups_in_flight": in_flight,
             "episodes": episodes,
+            "repeats": args.repeats,
             "inprocess_eps": episodes / base_s,
             "ray_eps": episodes / ray_s,
-            "overhead_frac": 1 - base_s / ray_s,
+            "overhead_frac": statistics.median(overheads),
+            "overhead_frac_range": [overheads[0], overheads[-1]],
             "overhead_per_episode_ms": 1000 * (ray_s - base_s) / episodes,
-            "driver_cpu_ms_per_episode": 1000 * driver_cpu_s / episodes,
+            "driver_cpu_ms_per_episode": 1000 * driver_cpu_s / (episodes * args.repeats),
             "group_payload_bytes": payload,
             # per learner step of batch_groups groups: trajectories in, the batch to the learner (~ the same
             # tokens), the weights ref out (one copy per sampler actor node)
@@ -214,6 +231,7 @@ async def main_async(args) -> dict[str, Any]:
         print(
             f"N={n}  in flight {in_flight} groups  in-process {row['inprocess_eps']:.1f} eps  "
             f"ray {row['ray_eps']:.1f} eps  overhead {100 * row['overhead_frac']:+.1f}% "
+            f"[{100 * overheads[0]:+.1f}, {100 * overheads[-1]:+.1f}] over {args.repeats} pairs "
             f"({row['overhead_per_episode_ms']:+.1f} ms/episode)  driver CPU {row['driver_cpu_ms_per_episode']:.2f} ms/episode  group payload {payload / 1024:.1f} KiB",
             flush=True,
         )
@@ -247,12 +265,12 @@ async def main_async(args) -> dict[str, Any]:
     )
     await parts.close()
     return {
-        "config": vars(args),
+        "config": vars(args) | {"load_average_at_end": os.getloadavg()},
         "startup_s": startup_s,
         "weights_bytes": weights_bytes,
         "scaling": rows,
         "fault": fault,
-        "note": "2 CPU cores shared with other sessions (load average >> 2): ratios within this run only",
+        "note": "2 CPU cores; ratios within this run only (load average in config.load_average)",
     }
 
 
@@ -260,6 +278,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--groups-per-worker", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3, help="in-process/Ray pairs per N (median and range)")
     ap.add_argument("--groups", type=int, default=16, help="groups per measurement at N=1 (scaled with N)")
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--batch-groups", type=int, default=8, help="groups per learner step (traffic estimate)")

@@ -31,9 +31,13 @@ from labrl.envs.types import Task
 from labrl.harness.types import GenerateRequest, GenerateResult, SamplingParams, TrainBatch, Trajectory
 
 
-def _config(cfg_data: dict[str, Any]):
+def _actor_setup(cfg_data: dict[str, Any]):
+    """What each model-building actor process does first: the CLI's warning filters (a Ray worker is
+    a fresh process, so megatron's notices would otherwise fill the driver's log), then its config."""
+    from labrl._warnings import quiet_expected_warnings
     from labrl.harness.config import build_run_config
 
+    quiet_expected_warnings()
     return build_run_config(cfg_data)
 
 
@@ -74,7 +78,7 @@ class LearnerActor:
     def __init__(self, cfg_data: dict[str, Any]) -> None:
         from labrl.harness.pipeline.runner import build_learner
 
-        self.cfg = _config(cfg_data)
+        self.cfg = _actor_setup(cfg_data)
         torch.set_num_threads(self.cfg.pipeline.torch_threads)
         torch.manual_seed(self.cfg.seed)  # as train() does before building the learner in-process
         self.learner = build_learner(self.cfg)
@@ -131,7 +135,7 @@ class SamplerActor:
     def __init__(
         self, cfg_data: dict[str, Any], control: Any, name: str, urls: tuple[str, ...] | None = None
     ) -> None:
-        self.cfg = _config(cfg_data)
+        self.cfg = _actor_setup(cfg_data)
         self.control = control
         self.name = name
         self.urls = urls
@@ -196,7 +200,7 @@ class EnvWorker:
         from labrl.harness.distributed.transcripts import TranscriptSampler
         from labrl.harness.pipeline.runner import build_tokenizer, make_env_factory
 
-        self.cfg = _config(cfg_data)
+        self.cfg = _actor_setup(cfg_data)
         torch.set_num_threads(1)
         use_connection_factory(gateway_factory(gateway))
         self.make_env = make_env_factory(self.cfg)

@@ -73,6 +73,44 @@ async def test_quickstart_pipeline_under_ray_is_in_the_inprocess_band(ray_cluste
     assert abs(mean["ray"] - mean["inprocess"]) <= 0.2, mean
 
 
+async def test_sampler_actor_fronts_an_sglang_server_and_moves_its_weights(ray_cluster, tmp_path):
+    """``sampler.kind: sglang`` under Ray, against the fake SGLang server (a real HTTP server speaking
+    SGLang's API, serving with the local sampler on CPU): the sampler actor fronts it, the server starts
+    from other weights than the learner's, and every policy version reaches it in order, in flight
+    (retract, update from disk, continue); the behaviour log-probs are the learner's."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "sglang"))
+    from sglang_pipeline_check import other_init_checkpoint
+
+    from labrl.harness.samplers.fake_server import ServerThread, local_fake_server
+
+    run = tmp_path / "sglang"
+    steps = 3
+    base = quickstart_tiny(run, backend="ray", mode="pipeline", total_steps=steps, max_staleness=1)
+    model_cfg = build_run_config(base).model.resolve()
+    server = local_fake_server(str(other_init_checkpoint(model_cfg, tmp_path / "served")), tick_delay_s=0.005)
+    with ServerThread(server.app) as url:
+        sampler = {
+            "kind": "sglang",
+            "sglang": {"urls": [url], "export_dir": str(run / "exports")},
+            "max_new_tokens": 6,
+        }
+        summary = await train(build_run_config(base | {"sampler": sampler}))
+    assert summary["step"] == steps and summary["backend"] == "ray"
+    _accounted(run, steps, 2)
+    updates = [e for e in server.log if e.startswith("update_")]
+    assert updates == [f"update_disk:{v}" for v in range(steps + 1)], server.log
+    for i, entry in enumerate(server.log):
+        if entry.startswith("update_"):
+            assert server.log[i - 1] == "pause:retract" and server.log[i + 1] == "continue"
+    # the server generated with the learner's weights (the first sync replaced its own): behaviour
+    # and learner log-probs of the trained tokens agree to float error, not to a different model's
+    assert all(r["mismatch/abs_log_ratio_mean"] < 1e-3 for r in metrics(run)), [
+        r["mismatch/abs_log_ratio_mean"] for r in metrics(run)
+    ]
+
+
 async def _kill_when(run_dir: Path, role: str, ready, *, poll_s: float = 0.2) -> int:
     """Kill ``role``'s actor (Ray restarts it) once ``ready()``; returns the killed process's pid."""
     while True:
