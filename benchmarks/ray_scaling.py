@@ -204,7 +204,8 @@ async def main_async(args) -> dict[str, Any]:
                     driver_cpu_s += time.process_time() - cpu0  # the orchestrator's side of the rollout plane
                 else:
                     times[mode] = await play(inproc, env, sampling, groups, in_flight, next_index, [])
-                next_index += groups  # fresh tasks: every measurement waits its own latency draws
+            # both modes of a pair wait the same latency draws (the same tasks); the next pair new ones
+            next_index += groups
             pairs.append((times["inproc"], times["ray"]))
         overheads = sorted(1 - b / r_ for b, r_ in pairs)
         base_s = statistics.median(b for b, _ in pairs)

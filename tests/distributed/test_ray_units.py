@@ -127,15 +127,18 @@ async def test_a_replay_that_sees_another_prompt_generates_afresh():
     assert inner.calls == 4
 
 
+SYNTHESIS_REQUEST = {
+    "kind": "synthesis",
+    "recipe": {"precursors": [{"formula": "CaCO3", "mmol": 10}, {"formula": "TiO2", "mmol": 10}],
+               "temperature_c": 1200, "time_h": 16, "atmosphere": "air"},
+    "sample_seed": 3,
+}  # fmt: skip
+
+
 async def test_the_gateway_keeps_transcripts_and_counts_reattached_jobs():
     gateway = LabGateway()
     settings = LabSettings(None, "LABRL_LAB_API_KEY", None, 0.05)
-    request = {
-        "kind": "synthesis",
-        "recipe": {"precursors": [{"formula": "CaCO3", "mmol": 10}, {"formula": "TiO2", "mmol": 10}],
-                   "temperature_c": 1200, "time_h": 16, "atmosphere": "air"},
-        "sample_seed": 3,
-    }  # fmt: skip
+    request = dict(SYNTHESIS_REQUEST)
     turn = SavedTurn("d", GenerateResult("r", [1], [0.0], [0], "stop"))
     try:
         first = await gateway.run(settings, request, "k1", group=4, member=0, transcript=[turn])
@@ -159,12 +162,7 @@ async def test_transcripts_on_disk_outlive_the_gateway_and_rejoin_its_job(tmp_pa
     holds the in-flight episode's transcript and re-attaches its lab job; a fresh run holds nothing."""
     store = tmp_path / "run" / "lab_transcripts.sqlite"
     settings = LabSettings(None, "LABRL_LAB_API_KEY", str(tmp_path / "journal.sqlite"), 0.05)
-    request = {
-        "kind": "synthesis",
-        "recipe": {"precursors": [{"formula": "CaCO3", "mmol": 10}, {"formula": "TiO2", "mmol": 10}],
-                   "temperature_c": 1200, "time_h": 16, "atmosphere": "air"},
-        "sample_seed": 3,
-    }  # fmt: skip
+    request = dict(SYNTHESIS_REQUEST)
     turns = [SavedTurn("d1", GenerateResult("r", [1, 2], [-0.5, -0.25], [0, 1], "stop"))]
     try:
         first = LabGateway(str(store), fresh=True)
