@@ -27,6 +27,7 @@ from labrl.harness.distributed.config import RaySection
 from labrl.harness.distributed.lab_gateway import LabGateway, gateway_factory
 from labrl.harness.distributed.placement import Demand, check_placement, cluster_nodes, wait_placed
 from labrl.harness.distributed.transcript_store import FILE_NAME as TRANSCRIPTS_FILE
+from labrl.harness.distributed.transcript_store import discard as discard_transcripts
 from labrl.harness.tokenizer import Tokenizer
 
 
@@ -134,11 +135,13 @@ async def start_ray(cfg: RunConfig, *, tokenizer: Tokenizer, resume: bool, on_sf
         head = _head_affinity()
         control = new(Control, num_cpus=0, scheduling_strategy=head, name=name("control")).remote()
         # its transcripts on the head's disk, in the run directory (pinned there with the driver)
-        transcripts = str(Path(cfg.run_dir).resolve() / TRANSCRIPTS_FILE)
+        transcripts = Path(cfg.run_dir).resolve() / TRANSCRIPTS_FILE
+        if not resume:
+            discard_transcripts(transcripts)
         gateway = new(
             LabGateway, num_cpus=0, scheduling_strategy=head, max_restarts=-1, max_concurrency=100_000,
             name=name("gateway"),
-        ).remote(transcripts, fresh=not resume)  # fmt: skip
+        ).remote(str(transcripts))  # fmt: skip
         created += [control, gateway]
         learner_options, pg = await asyncio.to_thread(_learner_options, r)
         pgs += [pg] if pg is not None else []

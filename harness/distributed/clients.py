@@ -307,7 +307,8 @@ class EnvWorkerPool:
         """A checkpoint was written: the groups it does not leave in flight need no transcripts."""
         done = self.delivered - set(inflight)
         if done:
-            self.gateway.release.remote(sorted(done))  # fire and forget: the gateway orders its calls
+            # fire and forget: a released group gets no new transcripts, so the order does not matter
+            self.gateway.release.remote(sorted(done))
             self.delivered -= done
 
     def health(self) -> Mapping[str, Any]:

@@ -41,10 +41,10 @@ from labrl.harness.rollout import current_member
 class LabGateway:
     """The actor's body (``ray.remote(LabGateway)``); plain methods, unit-testable without Ray."""
 
-    def __init__(self, store_path: str | None = None, *, fresh: bool = True) -> None:
-        """``store_path``: where the transcripts are kept on disk (``transcript_store``); None: memory only.
-        ``fresh``: a new run (not a resume) starts with no transcripts."""
-        self.store = TranscriptStore(store_path, fresh=fresh) if store_path is not None else None
+    def __init__(self, store_path: str | None = None) -> None:
+        """``store_path``: where the transcripts are kept on disk (``transcript_store``; what is there
+        is loaded: a resumed run's, or this run's when Ray restarts the gateway); None: memory only."""
+        self.store = TranscriptStore(store_path) if store_path is not None else None
         self.transcripts: dict[int, dict[int, list[SavedTurn]]] = {}
         self.group_keys: dict[int, set[str]] = {}
         if self.store is not None:

@@ -50,27 +50,29 @@ CREATE TABLE IF NOT EXISTS lab_keys (
 Transcripts = dict[int, dict[int, list["SavedTurn"]]]
 
 
+def discard(path: str | Path) -> None:
+    """Remove a store (a new run, not a resume: another run's transcripts under the same group
+    indices must not be replayed). The driver does this before the gateway starts, so a gateway that
+    Ray restarts mid-run reopens what it had."""
+    path = Path(path)
+    for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        file.unlink(missing_ok=True)
+
+
 class TranscriptStore:
-    """``put`` before each lab call, ``release`` once a checkpoint covers the group, ``load`` on start.
+    """``put`` before each lab call, ``release`` once a checkpoint covers the group, ``load`` on start."""
 
-    ``fresh=True`` (a run that is not resuming) empties the file: another run's transcripts under the
-    same group indices must not be replayed.
-    """
-
-    def __init__(self, path: str | Path, *, fresh: bool) -> None:
+    def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="labrl-transcripts")
-        self._conn: sqlite3.Connection = self._thread.submit(self._open, fresh).result()
+        self._conn: sqlite3.Connection = self._thread.submit(self._open).result()
 
-    def _open(self, fresh: bool) -> sqlite3.Connection:
+    def _open(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA busy_timeout=5000")
         conn.executescript(_SCHEMA)
-        if fresh:
-            conn.execute("DELETE FROM transcripts")
-            conn.execute("DELETE FROM lab_keys")
         return conn
 
     async def _run(self, fn, *args):  # type: ignore[no-untyped-def]

@@ -12,6 +12,7 @@ from labrl.envs.lab.session import LabSettings, close_connections
 from labrl.errors import PlacementError
 from labrl.harness.distributed.lab_gateway import LabGateway
 from labrl.harness.distributed.placement import Demand, check_placement
+from labrl.harness.distributed.transcript_store import discard
 from labrl.harness.distributed.transcripts import GroupTranscript, SavedTurn, TranscriptSampler, current_group
 from labrl.harness.rollout import rollout_group
 from labrl.harness.tokenizer import ByteTokenizer
@@ -165,12 +166,12 @@ async def test_transcripts_on_disk_outlive_the_gateway_and_rejoin_its_job(tmp_pa
     request = dict(SYNTHESIS_REQUEST)
     turns = [SavedTurn("d1", GenerateResult("r", [1, 2], [-0.5, -0.25], [0, 1], "stop"))]
     try:
-        first = LabGateway(str(store), fresh=True)
+        first = LabGateway(str(store))
         job = await first.run(settings, request, "k1", group=7, member=1, transcript=turns)
         await first.run(settings, request | {"sample_seed": 4}, "k2", group=8, member=0, transcript=turns)
         await first.release([8])  # a checkpoint covers group 8
 
-        rerun = LabGateway(str(store), fresh=False)
+        rerun = LabGateway(str(store))  # the rerun, or Ray restarting the gateway mid-run
         assert await rerun.held() == [7]
         saved = await rerun.saved(7)
         assert list(saved) == [1] and saved[1] == turns
@@ -178,7 +179,9 @@ async def test_transcripts_on_disk_outlive_the_gateway_and_rejoin_its_job(tmp_pa
         assert again.status.job_id == job.status.job_id and not again.fresh
         assert (await rerun.stats())["jobs_reattached"] == 1
 
-        assert await LabGateway(str(store), fresh=True).held() == []  # a new run replays nothing
+        rerun.store.close()
+        discard(store)  # what the driver does before a new (not resumed) run starts its gateway
+        assert await LabGateway(str(store)).held() == []
     finally:
         await close_connections()
 
