@@ -3,6 +3,7 @@
 #   bash benchmarks/gpu_check.sh                 # GPU tests + learner/sampler benchmark
 #   QUICKSTART_SEEDS="0 1 2" bash benchmarks/gpu_check.sh   # + the quickstart on CUDA, per seed
 #   QUICKSTART_TIMEOUT_S=300 ...   # stop each quickstart after 300 s (resumable; its metrics so far are kept)
+#   GPU_LEARNER_BENCH=0 ...        # skip benchmarks/gpu_learner.py (tests and quickstart only)
 # The quickstart seeds start first and run concurrently on the one GPU (a 0.6M-parameter model uses
 # a sliver of it) while the tests and the learner benchmark run; their run dirs stay in /tmp and
 # only logs and metrics are bundled into $OUT/quickstart.tar.gz (checkpoints are not copied).
