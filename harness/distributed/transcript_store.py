@@ -93,10 +93,10 @@ class TranscriptStore:
 
     async def put(self, group: int, member: int, turns: Sequence[SavedTurn], key: str) -> None:
         """Durable before it returns: the caller sends the lab request only after this."""
-        blob = pickle.dumps(list(turns), protocol=5)
-        await self._run(self._put, group, member, blob, key)
+        await self._run(self._put, group, member, list(turns), key)
 
-    def _put(self, group: int, member: int, blob: bytes, key: str) -> None:
+    def _put(self, group: int, member: int, turns: list[SavedTurn], key: str) -> None:
+        blob = pickle.dumps(turns, protocol=5)  # here, not on the loop: routed experts make turns large
         with self._conn:
             self._conn.execute("BEGIN")
             self._conn.execute(

@@ -125,11 +125,22 @@ async def _kill_when(run_dir: Path, role: str, ready, *, poll_s: float = 0.2) ->
         await asyncio.sleep(poll_s)
 
 
-def _gateway_stats(run_dir: Path):
-    async def stats() -> dict:
-        return await ray.get_actor(actor_name(str(run_dir), "gateway")).stats.remote()
+def _lab_call_pending(run_dir: Path):
+    """An async predicate: an episode of the run waits on its lab job right now (False before the gateway is up)."""
 
-    return stats
+    async def pending() -> bool:
+        try:
+            gateway = ray.get_actor(actor_name(str(run_dir), "gateway"))
+        except ValueError:  # not created yet
+            return False
+        return (await gateway.stats.remote()).get("lab_calls_pending", 0) > 0
+
+    return pending
+
+
+async def _wait_until(ready, *, poll_s: float = 0.2) -> None:
+    while not await ready():
+        await asyncio.sleep(poll_s)
 
 
 def _accounted(run_dir: Path, steps: int, batch_groups: int) -> None:
@@ -150,17 +161,12 @@ async def test_lab_env_worker_and_sampler_killed_mid_run(ray_cluster, tmp_path):
         lab_synthesis(run, latency_s=1.5, steps=4, ray={"env_workers": 2, "samplers": 1})
         | {"env": {"id": "test/synthesis-anytext-v0", "options": {"mock_latency_s": 1.5, "run_id": "kill"}}}
     )
-    stats = _gateway_stats(run)
-
-    async def jobs_pending() -> bool:
-        s = await stats()
-        return s.get("lab_calls_pending", 0) > 0  # an episode is waiting on its lab job right now
 
     async def one_step_done() -> bool:
         return (run / "metrics.jsonl").exists() and bool((run / "metrics.jsonl").read_text().strip())
 
     training = asyncio.ensure_future(train(cfg))
-    killed_env = await _kill_when(run, "env0", jobs_pending)
+    killed_env = await _kill_when(run, "env0", _lab_call_pending(run))
     killed_sampler = await _kill_when(run, "sampler0", one_step_done)
     summary = await training
     assert summary["step"] == 4 and killed_env > 0 and killed_sampler > 0
@@ -193,15 +199,9 @@ async def test_a_lost_node_restarts_its_env_worker_elsewhere(ray_cluster, tmp_pa
         )
         | {"env": {"id": "test/synthesis-anytext-v0", "options": {"mock_latency_s": 1.5, "run_id": "node"}}}
     )
-    stats = _gateway_stats(run)
     training = asyncio.ensure_future(train(cfg))
-    while True:  # the only node with "envnode" holds the env worker; lose it while a job is pending
-        try:
-            if (await stats()).get("lab_calls_pending", 0) > 0:
-                break
-        except ValueError:
-            pass
-        await asyncio.sleep(0.2)
+    # the only node with "envnode" holds the env worker; lose it while a job is pending
+    await _wait_until(_lab_call_pending(run))
     ray_cluster.add_node(num_cpus=1, resources={"envnode": 1})  # where the worker can come back
     ray_cluster.remove_node(node, allow_graceful=False)
     summary = await training
@@ -227,15 +227,8 @@ async def test_a_run_lost_with_its_head_node_resumes_pending_lab_jobs_from_disk(
             lab_synthesis(run, latency_s=0.0, steps=3, ray={"env_workers": 1})
             | {"env": {"id": "test/synthesis-anytext-v0", "options": options}}
         )
-        stats = _gateway_stats(run)
         training = asyncio.ensure_future(train(cfg))
-        while True:
-            try:
-                if (await stats()).get("lab_calls_pending", 0) > 0:
-                    break
-            except ValueError:  # the gateway is not up yet
-                pass
-            await asyncio.sleep(0.2)
+        await _wait_until(_lab_call_pending(run))
         training.cancel()  # the run ends here, and the gateway's memory with it
         with contextlib.suppress(asyncio.CancelledError):
             await training

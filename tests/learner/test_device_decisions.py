@@ -177,6 +177,7 @@ def test_rng_forks_in_two_threads_take_turns(monkeypatch):
     """megatron's CUDA RNG tracker keeps the state in force on itself; a learner step and a sampler
     forward forking at once (two threads) raised "current state name default-rng is not the same as
     the desired state name model-parallel-rng" on an H100. The CUDA RNG state is faked here."""
+    import contextlib
     import threading
     import time
 
@@ -197,10 +198,10 @@ def test_rng_forks_in_two_threads_take_turns(monkeypatch):
             try:
                 with tracker.fork():
                     entered.append(threading.get_ident())
-                    try:
-                        inside.wait()  # both threads inside a fork at once, if nothing stops them
-                    except threading.BrokenBarrierError:
-                        pass
+                    # both threads inside a fork at once, if nothing stops them (with the lock the
+                    # barrier times out instead)
+                    with contextlib.suppress(threading.BrokenBarrierError):
+                        inside.wait()
                     if entered[0] != threading.get_ident():
                         time.sleep(0.05)  # the first one in leaves first: the order that fails
             except Exception as exc:
