@@ -26,7 +26,7 @@ follow real runs: episodes of the
 quickstart env, the XRD tools env and the lab env, played with their gold
 (else random) policy and with their random policy, measured in byte-tokenizer tokens of the whole
 conversation. Padded to the batch's longest row vs length-sorted micro-batches
-(``labrl.harness.batching.micro_batches``), in the same run.
+(``labrl.harness.rollout.batching.micro_batches``), in the same run.
 
     .venv/bin/python benchmarks/gpu_learner.py --cpu          # CPU part (~5 min on 2 cores)
     python3 benchmarks/gpu_learner.py                         # on a GPU node (benchmarks/gpu_check.sh)
@@ -46,9 +46,9 @@ from pathlib import Path
 import torch
 
 from labrl._warnings import quiet_expected_warnings
-from labrl.harness.batching import collate
 from labrl.harness.learners import LearnerConfig, MegatronLearner
 from labrl.harness.models import MoEModelConfig, get_preset
+from labrl.harness.rollout.batching import collate
 from labrl.harness.types import Trajectory
 
 RESULTS = Path(__file__).parent / "results"
@@ -273,8 +273,8 @@ def gpu_part(repeats: int) -> dict:
 
 async def episode_lengths(env_id: str, options: dict, n: int, policy_name: str) -> list[int]:
     """Tokens of whole conversations (byte tokenizer) played with the env's gold (else random) or random policy."""
+    from labrl.envs.episode import run_episode, scripted_policy
     from labrl.envs.registry import make
-    from labrl.envs.runner import run_episode, scripted_policy
     from labrl.harness.tokenizer import ByteTokenizer
 
     tok = ByteTokenizer()
@@ -315,7 +315,7 @@ def ragged_batch(lengths: list[int], vocab: int, seed: int):
 
 
 def padded_tokens(lengths: list[int], mbs: int, sort: bool) -> int:
-    from labrl.harness.batching import micro_batches
+    from labrl.harness.rollout.batching import micro_batches
 
     mask = torch.zeros(len(lengths), max(lengths), dtype=torch.bool)
     for b, n in enumerate(lengths):

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from labrl.lab_adapters.journal import Journal
-from labrl.lab_adapters.journaled import JournaledLab, JournaledLabConfig
+from labrl.lab_adapters.job_journal import Journal
+from labrl.lab_adapters.journaled_lab import JournaledLab, JournaledLabConfig
 from labrl.lab_adapters.mock.process import MockLabProcess
 from labrl.lab_adapters.mock.server import FaultConfig, MockLabConfig
 from labrl.lab_adapters.rest import RestLabAdapter, RestLabConfig

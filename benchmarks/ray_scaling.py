@@ -68,7 +68,7 @@ def _env_class():
             return Task(env_id=ENV_ID, split=split, seed=seed, task_id=f"sleep-{seed}", prompt={})
 
         async def reset(self, task: Task) -> Observation:
-            from labrl.harness.rollout import current_member
+            from labrl.harness.rollout.play import current_member
 
             self.task = task
             rng = random.Random(f"{task.seed}:{current_member.get()}")
@@ -151,11 +151,11 @@ async def main_async(args) -> dict[str, Any]:
     import ray
 
     from labrl.envs import make
+    from labrl.harness.backends.ray.backend import actor_name, start_ray
+    from labrl.harness.backends.ray.clients import EnvWorkerPool
     from labrl.harness.config import build_run_config
-    from labrl.harness.distributed.backend import actor_name, start_ray
-    from labrl.harness.distributed.clients import EnvWorkerPool
     from labrl.harness.pipeline.runner import build_learner, build_sampler, build_tokenizer, run_components
-    from labrl.harness.rollout import rollout_group
+    from labrl.harness.rollout.play import rollout_group
 
     register_bench_env()
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH", "")]))

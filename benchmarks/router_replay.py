@@ -27,9 +27,9 @@ from pathlib import Path
 
 import torch
 
-from labrl.harness.batching import collate
 from labrl.harness.learners import LearnerConfig, MegatronLearner
 from labrl.harness.models import get_preset
+from labrl.harness.rollout.batching import collate
 from labrl.harness.samplers import LocalSampler, LocalSamplerConfig
 from labrl.harness.types import GenerateRequest, SamplingParams, Trajectory
 

@@ -12,8 +12,8 @@ from labrl.envs.actions import format_tool_call, parse_action
 from labrl.envs.base import Env
 from labrl.envs.budgets import BudgetedEnv
 from labrl.envs.checker import CheckReport, check_env, check_env_async
+from labrl.envs.episode import Episode, EpisodeTruncated, Policy, Turn, run_episode, scripted_policy
 from labrl.envs.registry import deregister, load_plugins, make, register, registered_ids, spec
-from labrl.envs.runner import Episode, EpisodeTruncated, Policy, Turn, run_episode, scripted_policy
 from labrl.envs.types import (
     Action,
     Budgets,

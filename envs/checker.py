@@ -38,8 +38,8 @@ from pydantic import BaseModel, ConfigDict
 
 from labrl.envs.actions import parse_action
 from labrl.envs.base import Env
+from labrl.envs.episode import run_episode, scripted_policy
 from labrl.envs.registry import make
-from labrl.envs.runner import run_episode, scripted_policy
 from labrl.envs.types import Action, EnvSpec, Observation, Outcome, StepResult, Task
 
 GARBAGE_ACTIONS = (

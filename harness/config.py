@@ -45,14 +45,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from labrl.errors import ConfigError
-from labrl.harness.distributed.config import RaySection
+from labrl.harness.backends.ray.config import RaySection
 from labrl.harness.learners.config import LearnerConfig, check_reference
 from labrl.harness.learners.config import ReferenceKind as ReferenceKind  # re-exported: public before
 from labrl.harness.models.config import MoEModelConfig, ParallelConfig, get_preset
 from labrl.harness.models.config import Precision as Precision  # re-exported: public before
 from labrl.harness.objectives import ObjectiveConfig
 from labrl.harness.samplers.local import LocalSamplerConfig
-from labrl.harness.samplers.sglang import SGLangSamplerConfig
+from labrl.harness.samplers.sglang.sampler import SGLangSamplerConfig
 from labrl.harness.types import SamplingParams
 
 Mode = Literal["sync", "one_step_off", "pipeline"]
@@ -88,7 +88,7 @@ class ModelSection(_Section):
 
     def resolve(self) -> MoEModelConfig:
         if self.init_from_hf is not None:
-            from labrl.harness.hf_import import config_from_hf
+            from labrl.harness.models.hf_import import config_from_hf
 
             path = Path(self.init_from_hf)
             if not (path / "config.json").is_file():

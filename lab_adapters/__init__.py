@@ -14,8 +14,8 @@
   ``labrl lab serve-mock``). No real adapter imports it.
 """
 
-from labrl.lab_adapters.journal import Journal, JournalEntry
-from labrl.lab_adapters.journaled import JobOutcome, JournaledLab, JournaledLabConfig
+from labrl.lab_adapters.job_journal import Journal, JournalEntry
+from labrl.lab_adapters.journaled_lab import JobOutcome, JournaledLab, JournaledLabConfig
 from labrl.lab_adapters.protocol import (
     CompletionEvent,
     EventPage,

@@ -1,8 +1,8 @@
 """Client-side pacing and failure handling, shared by every network client in labrl.
 
 Used by the lab's REST client (``labrl.lab_adapters.rest``, with its journal in
-``labrl.lab_adapters.journaled``), the judge client (``labrl.verifiers.rubric.judge``)
-and the SGLang sampler (``labrl.harness.samplers.sglang``). What each client
+``labrl.lab_adapters.journaled_lab``), the judge client (``labrl.verifiers.rubric.judge``)
+and the SGLang sampler (``labrl.harness.samplers.sglang.sampler``). What each client
 retries, and what it does between tries (health checks, idempotency keys,
 failover), stays in the client; how long it waits, how fast it may call and
 when it stops calling a dead server are here.

@@ -26,6 +26,22 @@ def pytest_configure(config: pytest.Config) -> None:
     quiet_expected_warnings()
 
 
+@pytest.fixture(scope="session")
+def fixture_envs():
+    """The fixture envs of ``tests/support/labrl_test_envs.py`` registered for the session (autouse where a
+    folder's conftest asks for it)."""
+    from labrl_test_envs import FIXTURES
+
+    from labrl.envs import deregister, register, registered_ids
+
+    registered_ids()  # load built-ins first so fixture ids never shadow them
+    for env_id, cls in FIXTURES.items():
+        register(env_id, entry_point=f"labrl_test_envs:{cls.__name__}", source="tests")
+    yield
+    for env_id in FIXTURES:
+        deregister(env_id)
+
+
 def _cuda_available() -> bool:
     try:
         import torch

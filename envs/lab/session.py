@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from labrl.errors import ConfigError
-from labrl.lab_adapters.journal import Journal
-from labrl.lab_adapters.journaled import JournaledLab, JournaledLabConfig
+from labrl.lab_adapters.job_journal import Journal
+from labrl.lab_adapters.journaled_lab import JournaledLab, JournaledLabConfig
 from labrl.lab_adapters.rest import RestLabAdapter, RestLabConfig
 
 INPROCESS_TOKEN_ENV = "LABRL_INPROCESS_LAB_TOKEN"
@@ -74,7 +74,7 @@ _CONNECTIONS: weakref.WeakKeyDictionary[
 
 
 #: when set, ``connection`` returns what it makes instead of opening a lab connection in this process
-#: (``backend=ray``: every experiment goes through the lab-gateway actor, labrl.harness.distributed)
+#: (``backend=ray``: every experiment goes through the lab-gateway actor, labrl.harness.backends.ray)
 _connection_factory: Callable[[LabSettings], Awaitable[Any]] | None = None
 
 

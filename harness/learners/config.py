@@ -70,7 +70,7 @@ class LearnerConfig(BaseModel):
     length_sorted_micro_batches: bool = Field(
         default=False,
         description="sort rows by length and cut each micro-batch to its longest row "
-        "(less padding on ragged batches; labrl.harness.batching.micro_batches)",
+        "(less padding on ragged batches; labrl.harness.rollout.batching.micro_batches)",
     )
     minibatches: int = Field(
         default=1,

@@ -73,7 +73,6 @@ import torch
 
 from labrl.errors import ConfigError, LearnerError
 from labrl.harness import objectives
-from labrl.harness.batching import micro_batches, to_device
 from labrl.harness.learners.config import LearnerConfig
 from labrl.harness.learners.model_parallel import gather_full_state, sequence_parallel
 from labrl.harness.learners.precision import adamw_with_precision
@@ -85,6 +84,7 @@ from labrl.harness.models.routing import (
     recorded,
     replay_routing,
 )
+from labrl.harness.rollout.batching import micro_batches, to_device
 from labrl.harness.types import TrainBatch
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ Two jobs, both no-ops when the sizes are 1 (the CPU path):
   tensor is all-gathered over the group that shards it (dense weights over the
   tensor-parallel group; expert weights over the expert-tensor-parallel group,
   then the expert-parallel group), and the pure
-  ``labrl.harness.model_parallel_gather.gather_model_parallel_shards`` merges
+  ``labrl.harness.models.parallel_gather.gather_model_parallel_shards`` merges
   the pieces. Every rank ends with the full state (an all-gather hands every
   rank every piece anyway, and any rank may be the one that exports), so the
   peak memory of an export is one full copy of the weights per rank.
@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from labrl.harness.model_parallel_gather import gather_model_parallel_shards, is_expert_weight
+from labrl.harness.models.parallel_gather import gather_model_parallel_shards, is_expert_weight
 
 
 @dataclass(frozen=True)

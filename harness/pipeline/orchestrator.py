@@ -54,7 +54,6 @@ import torch
 from labrl.envs.base import Env
 from labrl.envs.types import Task
 from labrl.errors import LabrlError
-from labrl.harness.batching import collate
 from labrl.harness.config import PipelineSection
 from labrl.harness.metrics import JsonlWriter, StepTimer
 from labrl.harness.pipeline.admission import AdmissionState, may_start, trained_before_end
@@ -78,7 +77,8 @@ from labrl.harness.pipeline.stats import (
     stall_message,
     token_staleness,
 )
-from labrl.harness.rollout import rollout, rollout_group
+from labrl.harness.rollout.batching import collate
+from labrl.harness.rollout.play import rollout, rollout_group
 from labrl.harness.tokenizer import Tokenizer
 from labrl.harness.types import Learner, Sampler, SamplingParams, Trajectory
 

@@ -89,7 +89,7 @@ def build_tokenizer(cfg: RunConfig) -> Tokenizer:
 
 def initialise_from_hf(learner, path: str, model_cfg) -> None:
     """Load a Hugging Face MoE checkpoint's weights into the learner's megatron-core model."""
-    from labrl.harness.hf_import import load_hf_checkpoint, load_into_model
+    from labrl.harness.models.hf_import import load_hf_checkpoint, load_into_model
 
     load_into_model(learner.model, load_hf_checkpoint(path, model_cfg))
 
@@ -113,7 +113,7 @@ async def build_sampler_from(
 
         sampler = LocalSampler(model_cfg, components.sampler, weights=weights, version=version)
     else:
-        from labrl.harness.samplers.sglang import make_sglang_sampler
+        from labrl.harness.samplers.sglang.sampler import make_sglang_sampler
 
         sglang_cfg = components.sampler
         if sglang_urls is not None:  # the servers one Ray sampler actor fronts
@@ -159,7 +159,7 @@ async def start_inprocess(
         initialise_from_hf(learner, cfg.model.init_from_hf, cfg.model.resolve())
     sft_s = 0.0
     if not resume and cfg.sft.enabled:
-        from labrl.harness.sft import run_sft
+        from labrl.harness.rollout.sft import run_sft
 
         t0 = time.perf_counter()
         await run_sft(
@@ -313,7 +313,7 @@ async def _train(
 
     try:
         if cfg.backend == "ray":
-            from labrl.harness.distributed.backend import start_ray
+            from labrl.harness.backends.ray.backend import start_ray
 
             parts = await start_ray(cfg, tokenizer=tokenizer, resume=ckpt is not None, on_sft=on_sft)
         else:

@@ -10,7 +10,7 @@
 
 Import direction: the mock depends on the public lab contracts
 (``labrl.lab_adapters.protocol``, ``labrl.lab_adapters.recipes``); no real adapter and no
-env imports it at module level (``tests/envs/test_package.py``). The lab envs start it
+env imports it at module level (``tests/package/test_package.py``). The lab envs start it
 only as their offline default, when no ``lab_url`` is given (``labrl.envs.lab.session``).
 """
 

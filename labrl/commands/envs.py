@@ -93,8 +93,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
+    from labrl.envs.episode import Episode, run_episode, scripted_policy
     from labrl.envs.registry import make
-    from labrl.envs.runner import Episode, run_episode, scripted_policy
 
     options = parse_options(args.option)
 

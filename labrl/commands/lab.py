@@ -190,7 +190,7 @@ def _journal(args: argparse.Namespace) -> int:
     import asyncio
 
     from labrl.errors import LabJournalError
-    from labrl.lab_adapters.journal import Journal
+    from labrl.lab_adapters.job_journal import Journal
 
     if not args.path.exists():
         raise LabJournalError(f"no journal at {args.path}")

@@ -6,7 +6,7 @@ sglang); the learner's environment never installs sglang. Anything after
 ``--`` goes to SGLang unchanged, e.g.
 ``labrl serve sglang --python /opt/sglang/bin/python --model ckpt/ --tp 2 -- --mem-fraction-static 0.7``.
 ``--launcher`` replaces the whole ``PY -m sglang.launch_server`` command
-(tests point it at ``python -m labrl.harness.samplers.fake_server``).
+(tests point it at ``python -m labrl.testing.fake_sglang_server``).
 ``--run-config RUN.yaml`` takes everything from that run's ``sampler.sglang``
 block instead: ``launch_python``, ``launch_model_path``, ``launch_tp_size``,
 ``launch_args``, ``deterministic_inference``, and host/port from ``urls[0]``.
@@ -20,7 +20,7 @@ import sys
 from typing import Any
 
 from labrl.errors import ConfigError
-from labrl.harness.samplers.sglang_launch import (
+from labrl.harness.samplers.sglang.launch import (
     DEFAULT_LAUNCHER,
     Supervisor,
     check_server_python,
@@ -33,7 +33,7 @@ def add_parser(subparsers: Any) -> None:
     serve = subparsers.add_parser("serve", help="launch and supervise an inference server (sglang)")
     sub = serve.add_subparsers(dest="serve_command", metavar="ENGINE", required=True)
     p = sub.add_parser("sglang", help="SGLang with the flags labrl needs; extra args go to SGLang")
-    p.add_argument("--model", help="HF checkpoint directory (see labrl.harness.hf_export)")
+    p.add_argument("--model", help="HF checkpoint directory (see labrl.harness.models.hf_export)")
     p.add_argument("--run-config", help="run config whose sampler.sglang block says what to launch")
     p.add_argument("--host", default="127.0.0.1", help="address the server binds (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=30000, help="port the server listens on (default 30000)")
@@ -106,8 +106,8 @@ def cmd_sglang(args: argparse.Namespace) -> int:
 def _from_run_config(path: str, extra: list[str]) -> tuple[list[str], str, str]:
     """(command, url, interpreter) of the server a run config's ``sampler.sglang`` block describes."""
     from labrl.harness.config import load_run_config
-    from labrl.harness.samplers.sglang import SGLangSamplerConfig
-    from labrl.harness.samplers.sglang_launch import launch_command
+    from labrl.harness.samplers.sglang.launch import launch_command
+    from labrl.harness.samplers.sglang.sampler import SGLangSamplerConfig
 
     block = SGLangSamplerConfig.model_validate(load_run_config(path).sampler.sglang.model_dump())
     cmd = launch_command(block) + extra

@@ -39,7 +39,7 @@ from labrl.harness.learners.config import LearnerConfig
 from labrl.harness.models.config import ParallelConfig, check_parallel, get_preset
 from labrl.harness.models.device import param_dtype, precision_name
 from labrl.harness.samplers.local import LocalSamplerConfig
-from labrl.harness.samplers.sglang import SGLangSamplerConfig
+from labrl.harness.samplers.sglang.sampler import SGLangSamplerConfig
 from labrl.harness.tokenizer import ByteTokenizer
 
 ROOT = Path(__file__).parents[2]

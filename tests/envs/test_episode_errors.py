@@ -6,7 +6,7 @@ import pytest
 from labrl_test_envs import CrashingEnv
 
 from labrl.envs import Outcome, make, run_episode, scripted_policy
-from labrl.harness.rollout import rollout
+from labrl.harness.rollout.play import rollout
 from labrl.harness.tokenizer import ByteTokenizer
 from labrl.harness.types import GenerateResult, SamplingParams
 

@@ -18,10 +18,10 @@ from rollout_builders import as_trajectories, random_requests
 from run_configs import replay_training
 
 from labrl.harness import objectives
-from labrl.harness.batching import collate
 from labrl.harness.learners import LearnerConfig, MegatronLearner, OptimizerConfig
 from labrl.harness.models import get_preset
 from labrl.harness.models.routing import model_router_replays, replay_routing
+from labrl.harness.rollout.batching import collate
 from labrl.harness.samplers import LocalSampler, LocalSamplerConfig
 
 pytestmark = pytest.mark.gpu
@@ -134,7 +134,7 @@ def test_checkpoint_save_resume_on_cuda(learner, sampler, tmp_path):
 def test_hf_export_of_a_cuda_learner_loads_in_transformers(learner, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from labrl.harness.hf_export import export_hf_checkpoint
+    from labrl.harness.models.hf_export import export_hf_checkpoint
 
     path = export_hf_checkpoint(learner.export_weights(), TINY, tmp_path / "hf")
     assert json.loads((path / "config.json").read_text())["num_hidden_layers"] == TINY.num_layers

@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 import tp2_worker
 from weight_sync_support import MODELS, model_parallel_shards, transformers_checkpoint_layout
 
-from labrl.harness.hf_export import hf_weights
+from labrl.harness.models.hf_export import hf_weights
 
 pytestmark = [
     pytest.mark.skipif(torch.cuda.device_count() < 2, reason="TP=2 needs two GPUs"),

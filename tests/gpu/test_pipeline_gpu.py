@@ -30,7 +30,7 @@ from sglang_pipeline_check import (
 
 from labrl.harness.config import build_run_config
 from labrl.harness.pipeline.runner import train
-from labrl.harness.samplers.sglang_launch import Supervisor, server_command
+from labrl.harness.samplers.sglang.launch import Supervisor, server_command
 
 pytest.importorskip("sglang")
 

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from labrl.harness.hf_export import TINY_MOE_QWEN3, export_hf_checkpoint
 from labrl.harness.models.build import build_gpt_model, causal_attention_mask
+from labrl.harness.models.hf_export import TINY_MOE_QWEN3, export_hf_checkpoint
 from labrl.harness.models.routing import replay_routing
-from labrl.harness.samplers.sglang import SGLangSampler, SGLangSamplerConfig
-from labrl.harness.samplers.sglang_launch import Supervisor, server_command
+from labrl.harness.samplers.sglang.launch import Supervisor, server_command
+from labrl.harness.samplers.sglang.sampler import SGLangSampler, SGLangSamplerConfig
 from labrl.harness.types import GenerateRequest, SamplingParams
 
 pytest.importorskip("sglang")

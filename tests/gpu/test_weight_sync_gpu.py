@@ -18,8 +18,8 @@ import pytest
 import torch
 from weight_sync_support import MODELS, megatron_state
 
-from labrl.harness.hf_export import hf_weights
-from labrl.harness.samplers.sglang_dist import WeightBroadcaster, WeightReceiver, plan_buckets, receive_device
+from labrl.harness.models.hf_export import hf_weights
+from labrl.harness.samplers.sglang.dist import WeightBroadcaster, WeightReceiver, plan_buckets, receive_device
 
 CFG = MODELS["qwen3_moe"]
 
@@ -118,9 +118,9 @@ def test_nccl_update_group_between_two_processes_on_two_gpus():
 )
 async def test_sampler_distributed_update_over_nccl_to_the_fake_server(tmp_path):
     """``SGLangSampler`` (transport distributed, backend nccl, bf16) -> the fake server receiving on cuda:1."""
-    from labrl.harness.hf_export import export_hf_checkpoint
-    from labrl.harness.samplers.fake_server import ServerThread, local_fake_server
-    from labrl.harness.samplers.sglang import SGLangSamplerConfig, make_sglang_sampler
+    from labrl.harness.models.hf_export import export_hf_checkpoint
+    from labrl.harness.samplers.sglang.sampler import SGLangSamplerConfig, make_sglang_sampler
+    from labrl.testing.fake_sglang_server import ServerThread, local_fake_server
 
     served = export_hf_checkpoint(megatron_state(CFG, seed=123), CFG, tmp_path / "served", tokenizer=False)
     server = local_fake_server(str(served), group_timeout_s=120, receiver_device="cuda:1")

@@ -10,8 +10,8 @@ import asyncio
 import logging
 import sys
 
-from labrl.lab_adapters.journal import Journal
-from labrl.lab_adapters.journaled import JournaledLab, JournaledLabConfig
+from labrl.lab_adapters.job_journal import Journal
+from labrl.lab_adapters.journaled_lab import JournaledLab, JournaledLabConfig
 from labrl.lab_adapters.rest import RestLabAdapter, RestLabConfig
 
 

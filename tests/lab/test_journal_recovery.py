@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from labrl.errors import LabJournalError, LabRejectedError
-from labrl.lab_adapters.journal import Journal
-from labrl.lab_adapters.journaled import JournaledLab
+from labrl.lab_adapters.job_journal import Journal
+from labrl.lab_adapters.journaled_lab import JournaledLab
 from labrl.lab_adapters.protocol import JobRef, JobState, JobStatus, LabAdapter, SupportsSubmitStatus
 from labrl.lab_adapters.rest import RestLabAdapter
 
@@ -77,8 +77,8 @@ CRASHING_CONSUMER = textwrap.dedent(
     import asyncio, os, signal, sys
     sys.path.insert(0, {tests!r})
     from test_journal_recovery import InstantLab
-    from labrl.lab_adapters.journal import Journal
-    from labrl.lab_adapters.journaled import JournaledLab
+    from labrl.lab_adapters.job_journal import Journal
+    from labrl.lab_adapters.journaled_lab import JournaledLab
 
     def consume(key, status):  # dies after the result is stored, before the consumer acknowledged it
         os.kill(os.getpid(), signal.SIGKILL)

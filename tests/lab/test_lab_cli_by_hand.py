@@ -6,7 +6,7 @@ import asyncio
 import json
 
 from labrl.cli import main
-from labrl.lab_adapters.journal import Journal
+from labrl.lab_adapters.job_journal import Journal
 
 
 def test_submit_then_status_against_the_mock_lab(mock_lab, api_key, capsys):

@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from labrl.errors import LabRejectedError
-from labrl.lab_adapters.journal import Journal
-from labrl.lab_adapters.journaled import JournaledLab, JournaledLabConfig
+from labrl.lab_adapters.job_journal import Journal
+from labrl.lab_adapters.journaled_lab import JournaledLab, JournaledLabConfig
 from labrl.lab_adapters.mock.server import FaultConfig
 from labrl.lab_adapters.rest import RestLabAdapter, RestLabConfig
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 from rollout_builders import as_trajectories, random_requests
 
-from labrl.harness.batching import collate
 from labrl.harness.learners import LearnerConfig, MegatronLearner
 from labrl.harness.models import get_preset
+from labrl.harness.rollout.batching import collate
 from labrl.harness.samplers import LocalSampler, LocalSamplerConfig
 from labrl.harness.types import GenerateRequest, TrainBatch
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from labrl.errors import ConfigError
-from labrl.harness.batching import collate
+from labrl.harness.rollout.batching import collate
 from labrl.harness.types import Trajectory
 
 

@@ -8,7 +8,7 @@ from labrl_test_envs import EndlessToolEnv
 
 from labrl.harness.config import OverlongSection
 from labrl.harness.pipeline.overlong import process_overlong
-from labrl.harness.rollout import rollout, rollout_group
+from labrl.harness.rollout.play import rollout, rollout_group
 from labrl.harness.samplers import LocalSampler, LocalSamplerConfig
 from labrl.harness.tokenizer import ByteTokenizer
 from labrl.harness.types import SamplingParams

@@ -17,7 +17,7 @@ threads enter the mode too:
   ``.tolist()``, ``.numpy()``, ...) on tensors that are not known host tensors
   are counted. Host tensors: results of such a copy, factories with
   ``device=HOST``, the collated ``TrainBatch`` (built on the host by
-  ``labrl.harness.batching``, the intended pattern) and whatever is computed
+  ``labrl.harness.rollout.batching``, the intended pattern) and whatever is computed
   only from host tensors. The sampler may copy at most 3 times per forward
   (logits down, fed tokens up, routing down) whatever the batch size; the
   learner a bounded number of times per train step, not once per parameter.
@@ -35,9 +35,9 @@ import torch.utils._pytree
 from rollout_builders import as_trajectories, random_requests
 from torch.overrides import TorchFunctionMode
 
-from labrl.harness.batching import collate
 from labrl.harness.learners import LearnerConfig, MegatronLearner
 from labrl.harness.models import get_preset
+from labrl.harness.rollout.batching import collate
 from labrl.harness.samplers import LocalSampler, LocalSamplerConfig
 
 try:  # the host marker; absent before device discipline existed
@@ -50,7 +50,7 @@ WATCHED = (
     "labrl.harness.samplers.local",
     "labrl.harness.objectives",
     "labrl.harness.models",
-    "labrl.harness.rollout",
+    "labrl.harness.rollout.play",
 )
 FACTORIES = {
     "zeros", "ones", "full", "empty", "arange", "tensor", "as_tensor", "randint", "rand", "randn",

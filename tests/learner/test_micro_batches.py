@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from labrl.harness.batching import micro_batches
 from labrl.harness.learners import LearnerConfig, MegatronLearner
 from labrl.harness.models import get_preset
+from labrl.harness.rollout.batching import micro_batches
 from labrl.harness.types import Trajectory
 
 SMALL = get_preset("tiny-moe").model_copy(
@@ -32,7 +32,7 @@ def test_plans_by_hand():
 
 
 def _batch(lengths: list[int]):
-    from labrl.harness.batching import collate
+    from labrl.harness.rollout.batching import collate
 
     gen = torch.Generator().manual_seed(0)
     trajs = []

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from labrl.errors import ConfigError
-from labrl.harness.batching import collate
 from labrl.harness.learners import LearnerConfig, MegatronLearner
 from labrl.harness.models import build_gpt_model, count_parameters, get_preset
 from labrl.harness.models.routing import model_router_replays
+from labrl.harness.rollout.batching import collate
 from labrl.harness.samplers import LocalSampler
 
 SMALL = {"num_layers": 4, "hidden_size": 64, "ffn_hidden_size": 96, "moe_ffn_hidden_size": 48}

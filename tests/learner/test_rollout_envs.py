@@ -4,8 +4,8 @@ import numpy as np
 
 from labrl.envs.base import Env
 from labrl.envs.types import Action, Budgets, EnvSpec, Message, Observation, StepResult, Task, ToolSpec
-from labrl.harness.batching import collate
-from labrl.harness.rollout import rollout, rollout_group
+from labrl.harness.rollout.batching import collate
+from labrl.harness.rollout.play import rollout, rollout_group
 from labrl.harness.tokenizer import ByteTokenizer
 from labrl.harness.types import NO_VERSION, SamplingParams
 

@@ -87,7 +87,7 @@ async def test_finished_rows_answer_at_once_and_leave_the_cache(learner, h):
     assert [done_at[r.rid] for r in reqs] == [1, 4, 7, 10, 13, 16]
     assert sampler.stats["generated_tokens"] == sum(2 + 3 * i for i in range(6))
     batch = h.as_trajectories(reqs, results)
-    from labrl.harness.batching import collate
+    from labrl.harness.rollout.batching import collate
 
     b = collate(batch, pad_token_id=256)
     diff = (learner.logprobs(b.tokens_B_T) - b.behaviour_logprobs_B_T)[b.loss_mask_B_T].abs().max()

@@ -12,7 +12,7 @@ from labrl.harness.config import SFTSection
 from labrl.harness.learners import LearnerConfig, MegatronLearner
 from labrl.harness.learners import precision as prec
 from labrl.harness.models import get_preset
-from labrl.harness.sft import run_sft
+from labrl.harness.rollout.sft import run_sft
 from labrl.harness.tokenizer import ByteTokenizer
 
 SMALL = get_preset("tiny-moe").model_copy(
@@ -68,7 +68,7 @@ def test_sft_under_bf16_uses_fp32_master_weights(monkeypatch):
         made.append(master)
         return opt, master
 
-    monkeypatch.setattr("labrl.harness.sft.adamw_with_precision", spy)
+    monkeypatch.setattr("labrl.harness.rollout.sft.adamw_with_precision", spy)
     before = {k: v.clone() for k, v in learner.model.state_dict().items() if isinstance(v, torch.Tensor)}
     cfg = SFTSection(enabled=True, steps=2, batch_size=2, lr=1e-3, num_prompts=4)
     history = asyncio.run(

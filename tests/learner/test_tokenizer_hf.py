@@ -7,7 +7,7 @@ import pytest
 
 from labrl.envs.types import Message, ToolSpec
 from labrl.errors import ConfigError
-from labrl.harness.hf_export import write_tokenizer_files
+from labrl.harness.models.hf_export import write_tokenizer_files
 from labrl.harness.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
 TOOLS = [

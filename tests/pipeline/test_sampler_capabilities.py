@@ -6,7 +6,7 @@ from pipeline_fakes import BigramSampler
 
 from labrl.harness.pipeline.overlong import BudgetForcingSampler
 from labrl.harness.samplers.local import LocalSampler
-from labrl.harness.samplers.sglang import SGLangSampler
+from labrl.harness.samplers.sglang.sampler import SGLangSampler
 from labrl.harness.types import Closeable, ReportsSamplerStats
 
 

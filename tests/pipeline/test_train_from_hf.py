@@ -11,7 +11,7 @@ from test_pipeline_train_e2e import TINY, run_config
 
 from labrl.errors import ConfigError
 from labrl.harness.config import build_run_config
-from labrl.harness.hf_export import export_hf_checkpoint
+from labrl.harness.models.hf_export import export_hf_checkpoint
 from labrl.harness.pipeline.runner import build_learner, build_tokenizer, initialise_from_hf, train
 from labrl.harness.tokenizer import HFTokenizer
 

@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from sglang_pipeline_check import parity_env  # noqa: F401 (a fixture, shared with tests/gpu)
 
-from labrl.harness.samplers.fake_server import FakeSGLangServer, ServerThread
+from labrl.testing.fake_sglang_server import FakeSGLangServer, ServerThread
 
 
 @pytest.fixture

@@ -81,8 +81,8 @@ def other_init_checkpoint(model_cfg: Any, out_dir: Path, **export: Any) -> Path:
 
     The server starts from it, so the run's first weight sync is what makes the first batch on-policy.
     """
-    from labrl.harness.hf_export import export_hf_checkpoint
     from labrl.harness.models.build import build_gpt_model
+    from labrl.harness.models.hf_export import export_hf_checkpoint
 
     other = build_gpt_model(model_cfg, seed=123)
     state = {k: v for k, v in other.state_dict().items() if not k.endswith("_extra_state")}

@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from labrl.harness.samplers.fake_server import FakeServerConfig, FakeSGLangServer
 from labrl.harness.types import GenerateRequest, GenerateResult
+from labrl.testing.fake_sglang_server import FakeServerConfig, FakeSGLangServer
 
 VOCAB = 50
 NUM_EXPERTS = 4

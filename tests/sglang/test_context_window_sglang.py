@@ -6,8 +6,8 @@ import pytest
 from labrl_test_envs import EndlessToolEnv
 from sglang_toy import MOE_LAYERS, NUM_HIDDEN_LAYERS, TOPK, make_server
 
-from labrl.harness.rollout import rollout
-from labrl.harness.samplers.sglang import SGLangSampler, SGLangSamplerConfig, context_length_in
+from labrl.harness.rollout.play import rollout
+from labrl.harness.samplers.sglang.sampler import SGLangSampler, SGLangSamplerConfig, context_length_in
 from labrl.harness.tokenizer import ByteTokenizer
 from labrl.harness.types import GenerateRequest, SamplingParams
 

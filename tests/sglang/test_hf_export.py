@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from labrl.errors import ConfigError
-from labrl.harness.hf_export import TINY_MOE_QWEN3, choose_arch, export_hf_checkpoint, megatron_to_hf
-from labrl.harness.hf_import import config_from_hf, hf_to_megatron, load_hf_checkpoint, load_into_model
 from labrl.harness.models.build import build_gpt_model, causal_attention_mask
 from labrl.harness.models.config import PRESETS
+from labrl.harness.models.hf_export import TINY_MOE_QWEN3, choose_arch, export_hf_checkpoint, megatron_to_hf
+from labrl.harness.models.hf_import import config_from_hf, hf_to_megatron, load_hf_checkpoint, load_into_model
 
 torch.set_num_threads(2)
 

@@ -18,7 +18,7 @@ from sglang_pipeline_check import check_run, install_recorder, other_init_checkp
 
 from labrl.harness.config import build_run_config, load_run_config
 from labrl.harness.pipeline.runner import train
-from labrl.harness.samplers.fake_server import ServerThread, export_run_model, local_fake_server
+from labrl.testing.fake_sglang_server import ServerThread, export_run_model, local_fake_server
 
 STEPS = 4
 

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from labrl.harness.hf_export import TINY_MOE_QWEN3, export_hf_checkpoint
 from labrl.harness.models.build import build_gpt_model, causal_attention_mask
+from labrl.harness.models.hf_export import TINY_MOE_QWEN3, export_hf_checkpoint
 from labrl.harness.models.routing import from_megatron_layout, record_routing, recorded
-from labrl.harness.samplers.fake_server import local_fake_server
 from labrl.harness.samplers.local import LocalSampler
-from labrl.harness.samplers.sglang import SGLangSampler, SGLangSamplerConfig
+from labrl.harness.samplers.sglang.sampler import SGLangSampler, SGLangSamplerConfig
 from labrl.harness.types import GenerateRequest, SamplingParams
+from labrl.testing.fake_sglang_server import local_fake_server
 
 pytestmark = pytest.mark.timeout(120)
 

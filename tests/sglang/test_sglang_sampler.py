@@ -16,7 +16,7 @@ import torch
 from sglang_toy import MOE_LAYERS, NUM_HIDDEN_LAYERS, TOPK, make_server, toy_generate, toy_routing
 
 from labrl.errors import SamplerError
-from labrl.harness.samplers.sglang import SGLangSampler, SGLangSamplerConfig
+from labrl.harness.samplers.sglang.sampler import SGLangSampler, SGLangSamplerConfig
 from labrl.harness.types import GenerateRequest, Sampler, SamplingParams
 
 pytestmark = pytest.mark.timeout(60)

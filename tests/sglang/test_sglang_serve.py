@@ -19,11 +19,11 @@ import torch
 
 from labrl.cli import main
 from labrl.errors import ConfigError
-from labrl.harness.hf_export import TINY_MOE_QWEN3, export_hf_checkpoint, hf_weights
 from labrl.harness.models.build import build_gpt_model
-from labrl.harness.samplers.sglang import SGLangSampler, SGLangSamplerConfig
-from labrl.harness.samplers.sglang_dist import WeightBroadcaster
-from labrl.harness.samplers.sglang_launch import Supervisor, server_command
+from labrl.harness.models.hf_export import TINY_MOE_QWEN3, export_hf_checkpoint, hf_weights
+from labrl.harness.samplers.sglang.dist import WeightBroadcaster
+from labrl.harness.samplers.sglang.launch import Supervisor, server_command
+from labrl.harness.samplers.sglang.sampler import SGLangSampler, SGLangSamplerConfig
 from labrl.harness.types import GenerateRequest, SamplingParams
 
 SMALL = TINY_MOE_QWEN3.model_copy(
@@ -35,7 +35,7 @@ SMALL = TINY_MOE_QWEN3.model_copy(
         "max_sequence_length": 128,
     }
 )
-FAKE = f"{sys.executable} -m labrl.harness.samplers.fake_server"
+FAKE = f"{sys.executable} -m labrl.testing.fake_sglang_server"
 
 
 def test_server_command_adds_labrl_flags_once():
@@ -164,7 +164,7 @@ def test_cli_python_tp_and_deterministic(capsys, tmp_path):
 
 def test_server_python_without_sglang_is_a_clear_error():
     from labrl.errors import SamplerError
-    from labrl.harness.samplers.sglang_launch import check_server_python
+    from labrl.harness.samplers.sglang.launch import check_server_python
 
     # this test environment has no sglang (the learner's environment never installs it)
     with pytest.raises(SamplerError, match=r"cannot import sglang .*ModuleNotFoundError"):
@@ -177,8 +177,8 @@ def test_launch_fields_build_the_command(tmp_path, capsys):
     """The sampler.sglang launch_* fields: `labrl serve sglang --run-config RUN.yaml` starts that server."""
     import yaml
 
-    from labrl.harness.samplers.sglang import SGLangSamplerConfig
-    from labrl.harness.samplers.sglang_launch import launch_command
+    from labrl.harness.samplers.sglang.launch import launch_command
+    from labrl.harness.samplers.sglang.sampler import SGLangSamplerConfig
 
     cfg = SGLangSamplerConfig(
         urls=("http://10.0.0.5:31000",),
@@ -217,7 +217,7 @@ def test_launch_fields_build_the_command(tmp_path, capsys):
 def test_sampler_config_errors_name_the_key():
     from pydantic import ValidationError
 
-    from labrl.harness.samplers.sglang import SGLangSamplerConfig
+    from labrl.harness.samplers.sglang.sampler import SGLangSamplerConfig
 
     with pytest.raises(ValidationError, match=r"sampler\.sglang\.urls is empty"):
         SGLangSamplerConfig(export_dir="/x")

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from labrl.errors import SamplerError
-from labrl.harness.samplers.sglang import SGLangSamplerConfig, _version_tuple
-from labrl.harness.samplers.sglang_pool import ServerPool, group_key
-from labrl.harness.samplers.sglang_wire import (
+from labrl.harness.samplers.sglang.pool import ServerPool, group_key
+from labrl.harness.samplers.sglang.sampler import SGLangSamplerConfig, _version_tuple
+from labrl.harness.samplers.sglang.wire import (
     decode_segment,
     encode_routed_experts,
     generate_payload,

@@ -16,7 +16,7 @@ from sglang_pipeline_check import free_port, other_init_checkpoint, run_config
 
 from labrl.harness.config import build_run_config
 from labrl.harness.pipeline import runner
-from labrl.harness.samplers.fake_server import ServerThread, local_fake_server
+from labrl.testing.fake_sglang_server import ServerThread, local_fake_server
 
 STEPS = 3
 

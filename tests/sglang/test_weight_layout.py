@@ -7,9 +7,9 @@ import torch
 from weight_sync_support import MODELS, megatron_state, model_parallel_shards, transformers_checkpoint_layout
 
 from labrl.errors import ConfigError
-from labrl.harness.hf_export import head_dim, hf_weights, megatron_to_hf
-from labrl.harness.model_parallel_gather import gather_model_parallel_shards
-from labrl.harness.samplers.sglang_dist import plan_buckets
+from labrl.harness.models.hf_export import head_dim, hf_weights, megatron_to_hf
+from labrl.harness.models.parallel_gather import gather_model_parallel_shards
+from labrl.harness.samplers.sglang.dist import plan_buckets
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -84,7 +84,7 @@ def test_gather_refuses_missing_ranks_and_diverged_replicas():
 
 
 def test_receiver_allocates_on_cuda_for_nccl_and_on_the_host_for_gloo():
-    from labrl.harness.samplers.sglang_dist import receive_device
+    from labrl.harness.samplers.sglang.dist import receive_device
 
     assert receive_device("nccl") == torch.device("cuda", 0)
     assert receive_device("gloo") == torch.device("cpu")

@@ -18,11 +18,11 @@ import torch
 from weight_sync_support import MODELS, learner_logprobs, megatron_state, transformers_checkpoint_layout
 
 from labrl.errors import SamplerError
-from labrl.harness.hf_export import export_hf_checkpoint, hf_weights
-from labrl.harness.samplers.fake_server import ServerThread, local_fake_server
-from labrl.harness.samplers.sglang import SGLangSampler, SGLangSamplerConfig, make_sglang_sampler
-from labrl.harness.samplers.sglang_dist import WeightBroadcaster
+from labrl.harness.models.hf_export import export_hf_checkpoint, hf_weights
+from labrl.harness.samplers.sglang.dist import WeightBroadcaster
+from labrl.harness.samplers.sglang.sampler import SGLangSampler, SGLangSamplerConfig, make_sglang_sampler
 from labrl.harness.types import GenerateRequest, SamplingParams
+from labrl.testing.fake_sglang_server import ServerThread, local_fake_server
 
 pytestmark = [pytest.mark.timeout(240)]
 
@@ -191,7 +191,7 @@ async def test_deterministic_inference_needs_the_server_flag(served_model):
 _CLIENT = textwrap.dedent(
     """
     import asyncio, sys
-    from labrl.harness.samplers.sglang import SGLangSampler, SGLangSamplerConfig
+    from labrl.harness.samplers.sglang.sampler import SGLangSampler, SGLangSamplerConfig
     from labrl.harness.types import GenerateRequest, SamplingParams
 
     async def main():

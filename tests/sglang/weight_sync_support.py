@@ -7,9 +7,9 @@ import tempfile
 
 import torch
 
-from labrl.harness.hf_export import TINY_MOE_QWEN3, hf_config
 from labrl.harness.models.build import build_gpt_model, causal_attention_mask
 from labrl.harness.models.config import PRESETS, MoEModelConfig
+from labrl.harness.models.hf_export import TINY_MOE_QWEN3, hf_config
 
 SMALL = {
     "num_layers": 2,

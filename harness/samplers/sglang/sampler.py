@@ -63,9 +63,9 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from labrl.errors import ConfigError, SamplerError
-from labrl.harness.samplers.sglang_dist import plan_buckets
-from labrl.harness.samplers.sglang_pool import RoutingPolicy, ServerPool, ServerState
-from labrl.harness.samplers.sglang_wire import (
+from labrl.harness.samplers.sglang.dist import plan_buckets
+from labrl.harness.samplers.sglang.pool import RoutingPolicy, ServerPool, ServerState
+from labrl.harness.samplers.sglang.wire import (
     decode_segment,
     generate_payload,
     parse_weight_version,
@@ -224,13 +224,13 @@ class SGLangSampler:
             )
         if config.weight_transport == "disk" and weight_writer is None:
             raise ConfigError(
-                f"{key}weight_transport 'disk' needs a weight_writer (labrl.harness.hf_export.export_hf_checkpoint)"
+                f"{key}weight_transport 'disk' needs a weight_writer (labrl.harness.models.hf_export.export_hf_checkpoint)"
             )
         if config.weight_transport == "distributed" and (broadcaster is None or to_hf is None):
             raise ConfigError(
                 f"{key}weight_transport 'distributed' needs a broadcaster "
-                "(labrl.harness.samplers.sglang_dist.WeightBroadcaster) and to_hf "
-                "(labrl.harness.hf_export.hf_weights bound to the model config)"
+                "(labrl.harness.samplers.sglang.dist.WeightBroadcaster) and to_hf "
+                "(labrl.harness.models.hf_export.hf_weights bound to the model config)"
             )
         self.config = config
         self._writer = weight_writer
@@ -766,8 +766,8 @@ def make_sglang_sampler(
     ``start()``s the sampler and pushes the learner's weights with
     ``update_weights(..., force=True)``.
     """
-    from labrl.harness.hf_export import export_hf_checkpoint, hf_weights
-    from labrl.harness.samplers.sglang_dist import WeightBroadcaster
+    from labrl.harness.models.hf_export import export_hf_checkpoint, hf_weights
+    from labrl.harness.samplers.sglang.dist import WeightBroadcaster
 
     config = config.with_model(model_cfg)
     dtype = config.torch_export_dtype()

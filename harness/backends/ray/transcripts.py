@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from labrl.harness.rollout import current_member
+from labrl.harness.rollout.play import current_member
 from labrl.harness.types import GenerateRequest, GenerateResult, SamplerWrapper
 
 

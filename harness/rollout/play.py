@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from labrl.envs.base import Env
-from labrl.envs.runner import Episode, EpisodeTruncated, run_episode
+from labrl.envs.episode import Episode, EpisodeTruncated, run_episode
 from labrl.envs.types import Message, Task, ToolSpec
 from labrl.harness.tokenizer import Tokenizer
 from labrl.harness.types import NO_VERSION, GenerateRequest, Sampler, SamplingParams, Trajectory

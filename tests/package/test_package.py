@@ -186,7 +186,7 @@ def test_importing_the_envs_and_real_adapters_loads_no_mock_code():
     probe = (
         "import sys\n"
         "from labrl.envs import make\n"
-        "import labrl.lab_adapters, labrl.lab_adapters.rest, labrl.lab_adapters.journaled\n"
+        "import labrl.lab_adapters, labrl.lab_adapters.rest, labrl.lab_adapters.journaled_lab\n"
         "env = make('lab/synthesis-v0')\n"
         "task = env.make_task('train', 0)\n"
         "assert env.unwrapped.gold_actions(task)\n"

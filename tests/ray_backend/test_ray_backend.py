@@ -18,8 +18,8 @@ from loopback_lab import serve_mock_lab
 from ray_helpers import LAB_TOKEN, lab_synthesis, metrics, quickstart_tiny, trained_groups
 
 from labrl.errors import LearnerLostError, PlacementError
+from labrl.harness.backends.ray.backend import actor_name
 from labrl.harness.config import build_run_config
-from labrl.harness.distributed.backend import actor_name
 from labrl.harness.pipeline.checkpoint import STATE_FILE, latest_checkpoint
 from labrl.harness.pipeline.runner import train
 
@@ -83,7 +83,7 @@ async def test_sampler_actor_fronts_an_sglang_server_and_moves_its_weights(ray_c
     sys.path.insert(0, str(Path(__file__).parents[1] / "sglang"))
     from sglang_pipeline_check import other_init_checkpoint
 
-    from labrl.harness.samplers.fake_server import ServerThread, local_fake_server
+    from labrl.testing.fake_sglang_server import ServerThread, local_fake_server
 
     run = tmp_path / "sglang"
     steps = 3

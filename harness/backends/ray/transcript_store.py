@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from labrl.harness.distributed.transcripts import SavedTurn
+    from labrl.harness.backends.ray.transcripts import SavedTurn
 
 FILE_NAME = "lab_transcripts.sqlite"
 

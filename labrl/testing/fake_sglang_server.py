@@ -53,9 +53,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from labrl.harness.samplers.fake_weights import SGLangStyleWeights
-from labrl.harness.samplers.sglang_wire import SGLANG_SAMPLING_KEYS, encode_routed_experts
+from labrl.harness.samplers.sglang.wire import SGLANG_SAMPLING_KEYS, encode_routed_experts
 from labrl.harness.types import GenerateRequest, Sampler, SamplingParams
+from labrl.testing.fake_sglang_weights import SGLangStyleWeights
 
 ServerRelease = Literal["0.5.23", "0.5.15"]
 WeightLoader = Callable[[str], Mapping[str, torch.Tensor]]  # checkpoint dir -> backend weights
@@ -677,9 +677,9 @@ def local_fake_server(
     import json
     from pathlib import Path
 
-    from labrl.harness.hf_import import _arch, config_from_hf, hf_to_megatron, load_hf_tensors
+    from labrl.harness.models.hf_import import _arch, config_from_hf, hf_to_megatron, load_hf_tensors
     from labrl.harness.samplers.local import LocalSampler, LocalSamplerConfig
-    from labrl.harness.samplers.sglang_dist import WeightReceiver
+    from labrl.harness.samplers.sglang.dist import WeightReceiver
 
     cfg = config_from_hf(model_path)
     config_json = json.loads((Path(model_path) / "config.json").read_text())
@@ -725,8 +725,8 @@ def export_run_model(run_config: str, path: str) -> str:
     learner's weights (version 0) at start, so only the architecture matters.
     """
     from labrl.harness.config import load_run_config
-    from labrl.harness.hf_export import export_hf_checkpoint
     from labrl.harness.models.build import build_gpt_model
+    from labrl.harness.models.hf_export import export_hf_checkpoint
 
     model_cfg = load_run_config(run_config).model.resolve()
     model = build_gpt_model(model_cfg, seed=0)
@@ -735,9 +735,9 @@ def export_run_model(run_config: str, path: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m labrl.harness.samplers.fake_server --model-path CKPT --port N``: SGLang's CLI shape.
+    """``python -m labrl.testing.fake_sglang_server --model-path CKPT --port N``: SGLang's CLI shape.
 
-    Serves an exported HF checkpoint (``labrl.harness.hf_export``) with
+    Serves an exported HF checkpoint (``labrl.harness.models.hf_export``) with
     ``LocalSampler`` on CPU, so ``labrl serve sglang --launcher ...`` and the
     ``sampler: sglang`` pipeline run without a GPU. ``--run-config RUN.yaml``
     first writes a random-init checkpoint of that run's model to

@@ -10,11 +10,16 @@ import pytest
 from labrl.envs import Action, Budgets, Env, EnvSpec, Message, Observation, StepResult, Task
 from labrl.envs.lab.session import LabSettings, close_connections
 from labrl.errors import PlacementError
-from labrl.harness.distributed.lab_gateway import LabGateway
-from labrl.harness.distributed.placement import Demand, check_placement
-from labrl.harness.distributed.transcript_store import discard
-from labrl.harness.distributed.transcripts import GroupTranscript, SavedTurn, TranscriptSampler, current_group
-from labrl.harness.rollout import rollout_group
+from labrl.harness.backends.ray.lab_gateway import LabGateway
+from labrl.harness.backends.ray.placement import Demand, check_placement
+from labrl.harness.backends.ray.transcript_store import discard
+from labrl.harness.backends.ray.transcripts import (
+    GroupTranscript,
+    SavedTurn,
+    TranscriptSampler,
+    current_group,
+)
+from labrl.harness.rollout.play import rollout_group
 from labrl.harness.tokenizer import ByteTokenizer
 from labrl.harness.types import GenerateRequest, GenerateResult, SamplingParams
 
@@ -194,7 +199,7 @@ class _Worker:
         self.play_group = self
 
     def remote(self, index, task, sampling, resume):
-        from labrl.harness.distributed.actors import GroupResult
+        from labrl.harness.backends.ray.actors import GroupResult
 
         self.calls.append((index, resume))
         return _Ref(GroupResult([], {}, 0))
@@ -210,7 +215,7 @@ class _Gateway:
 
 
 async def test_the_pool_resumes_held_groups_and_releases_only_what_a_checkpoint_covers():
-    from labrl.harness.distributed.clients import EnvWorkerPool
+    from labrl.harness.backends.ray.clients import EnvWorkerPool
 
     worker, gateway = _Worker(), _Gateway()
     pool = EnvWorkerPool([worker], gateway, held=[3])
@@ -253,7 +258,7 @@ class _SamplerHandle:
 
 
 async def test_concurrent_episodes_turns_go_to_the_sampler_actor_in_one_call():
-    from labrl.harness.distributed.clients import RemoteSampler
+    from labrl.harness.backends.ray.clients import RemoteSampler
 
     handle = _SamplerHandle()
     remote = RemoteSampler([handle], coalesce_s=0.005)

@@ -37,7 +37,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from labrl.errors import LabAuthError, LabError, LabRejectedError, LabTimeoutError
-from labrl.lab_adapters.journal import Journal, JournalEntry
+from labrl.lab_adapters.job_journal import Journal, JournalEntry
 from labrl.lab_adapters.protocol import (
     JobRef,
     JobState,

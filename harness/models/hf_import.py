@@ -1,6 +1,6 @@
 """Import a Hugging Face MoE checkpoint (Qwen3-MoE or Mixtral layout) into megatron-core weights.
 
-The inverse of ``labrl.harness.hf_export`` (see its docstring for the name
+The inverse of ``labrl.harness.models.hf_export`` (see its docstring for the name
 mapping): ``config_from_hf`` reads ``config.json`` into a ``MoEModelConfig``
 and ``hf_to_megatron`` rebuilds the local-spec state dict, so training can
 start from any such checkpoint on disk::
@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from labrl.errors import ConfigError
-from labrl.harness.hf_export import RMS_NORM_EPS, Arch, head_dim
 from labrl.harness.models.config import MoEModelConfig
+from labrl.harness.models.hf_export import RMS_NORM_EPS, Arch, head_dim
 
 
 def _arch(config: Mapping) -> Arch:

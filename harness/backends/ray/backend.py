@@ -20,14 +20,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from labrl.harness.backends.ray.actors import Control, EnvWorker, LearnerActor, SamplerActor
+from labrl.harness.backends.ray.clients import EnvWorkerPool, LearnerClient, RemoteSampler
+from labrl.harness.backends.ray.config import RaySection
+from labrl.harness.backends.ray.lab_gateway import LabGateway, gateway_factory
+from labrl.harness.backends.ray.placement import Demand, check_placement, cluster_nodes, wait_placed
+from labrl.harness.backends.ray.transcript_store import FILE_NAME as TRANSCRIPTS_FILE
+from labrl.harness.backends.ray.transcript_store import discard as discard_transcripts
 from labrl.harness.config import RunConfig
-from labrl.harness.distributed.actors import Control, EnvWorker, LearnerActor, SamplerActor
-from labrl.harness.distributed.clients import EnvWorkerPool, LearnerClient, RemoteSampler
-from labrl.harness.distributed.config import RaySection
-from labrl.harness.distributed.lab_gateway import LabGateway, gateway_factory
-from labrl.harness.distributed.placement import Demand, check_placement, cluster_nodes, wait_placed
-from labrl.harness.distributed.transcript_store import FILE_NAME as TRANSCRIPTS_FILE
-from labrl.harness.distributed.transcript_store import discard as discard_transcripts
 from labrl.harness.tokenizer import Tokenizer
 
 

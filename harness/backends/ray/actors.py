@@ -95,7 +95,7 @@ class LearnerActor:
         records: list[dict[str, Any]] = []
         if not self.cfg.sft.enabled:
             return records, 0.0
-        from labrl.harness.sft import run_sft
+        from labrl.harness.rollout.sft import run_sft
 
         t0 = time.perf_counter()
         asyncio.run(
@@ -195,9 +195,9 @@ class EnvWorker:
         reissue_timeout_s: float,
     ) -> None:  # fmt: skip
         from labrl.envs.lab.session import use_connection_factory
-        from labrl.harness.distributed.clients import RemoteSampler
-        from labrl.harness.distributed.lab_gateway import gateway_factory
-        from labrl.harness.distributed.transcripts import TranscriptSampler
+        from labrl.harness.backends.ray.clients import RemoteSampler
+        from labrl.harness.backends.ray.lab_gateway import gateway_factory
+        from labrl.harness.backends.ray.transcripts import TranscriptSampler
         from labrl.harness.pipeline.runner import build_tokenizer, make_env_factory
 
         self.cfg = _actor_setup(cfg_data)
@@ -217,8 +217,8 @@ class EnvWorker:
     async def play_group(
         self, index: int, task: Task, sampling: SamplingParams, resume: bool = False
     ) -> GroupResult:
-        from labrl.harness.distributed.transcripts import GroupTranscript, current_group
-        from labrl.harness.rollout import rollout_group
+        from labrl.harness.backends.ray.transcripts import GroupTranscript, current_group
+        from labrl.harness.rollout.play import rollout_group
 
         await self.ready()
         saved = await self.gateway.saved.remote(index) if resume else {}

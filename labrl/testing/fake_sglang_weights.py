@@ -26,8 +26,8 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from labrl.errors import SamplerError
-from labrl.harness.hf_export import Arch, head_dim
 from labrl.harness.models.config import MoEModelConfig
+from labrl.harness.models.hf_export import Arch, head_dim
 
 
 class SGLangStyleWeights:

@@ -33,9 +33,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from labrl.envs.lab.session import LabSettings, connection, open_connections
-from labrl.harness.distributed.transcript_store import TranscriptStore
-from labrl.harness.distributed.transcripts import SavedTurn, current_group
-from labrl.harness.rollout import current_member
+from labrl.harness.backends.ray.transcript_store import TranscriptStore
+from labrl.harness.backends.ray.transcripts import SavedTurn, current_group
+from labrl.harness.rollout.play import current_member
 
 
 class LabGateway:
