@@ -5,8 +5,9 @@ deadlines. Per step it applies, in order:
 
 1. refusal of a step after the episode ended (a harness bug: ``EnvError``);
 2. the step deadline (``asyncio.timeout``, which cancels the env's coroutine);
-3. retries of ``TransientEnvError`` only, with backoff
-   ``retry_backoff_s * 2**attempt`` (a wrong answer is never retried);
+3. retries of ``TransientEnvError`` only, with the shared backoff
+   ``min(retry_backoff_cap_s, retry_backoff_s * 2**attempt)``
+   (``labrl.resilience.Backoff``; a wrong answer is never retried);
 4. classification of what went wrong into an ``Outcome``::
 
        InvalidActionError -> invalid_action (message shown to the model)
@@ -49,6 +50,7 @@ from labrl.errors import (
     TransientEnvError,
     VerifierError,
 )
+from labrl.resilience import Backoff
 
 # Errors that say the setup is wrong (a lab refusing our key), not this episode: every episode would
 # fail the same way, so they stop the env and the run instead of becoming an outcome or a reward.
@@ -108,7 +110,8 @@ class BudgetedEnv(Env):
             except TransientEnvError:
                 if attempt >= budgets.max_retries:
                     raise
-                await asyncio.sleep(budgets.retry_backoff_s * 2**attempt)
+                backoff = Backoff(budgets.retry_backoff_s, budgets.retry_backoff_cap_s)  # built on retry only: off the hot path
+                await asyncio.sleep(backoff.delay(attempt))
                 attempt += 1
 
     async def reset(self, task: Task) -> Observation:

@@ -141,8 +141,12 @@ class Budgets(_Record):
 
     Timeouts are seconds per phase; ``scoring_timeout_s`` bounds calls made
     through ``Env.score``. Retries apply to ``TransientEnvError`` only, with
-    exponential backoff ``retry_backoff_s * 2**attempt``. ``pools`` names
-    concurrency limits shared by all episodes in the process (``{"lab": 4}``).
+    exponential backoff ``min(retry_backoff_cap_s, retry_backoff_s * 2**attempt)``
+    (``labrl.resilience.Backoff``). The 30 s cap binds only for envs that raise
+    ``max_retries`` (the defaults wait 0.5 s, then 1 s): a backend still down after
+    half a minute is better asked again every 30 s than after 256 s on the tenth
+    try. ``pools`` names concurrency limits shared by all episodes in the process
+    (``{"lab": 4}``).
     """
 
     reset_timeout_s: float = Field(default=60.0, gt=0)
@@ -151,6 +155,7 @@ class Budgets(_Record):
     max_turns: int = Field(default=1, ge=1)
     max_retries: int = Field(default=2, ge=0)
     retry_backoff_s: float = Field(default=0.5, ge=0)
+    retry_backoff_cap_s: float = Field(default=30.0, ge=0)
     pools: dict[str, int] = Field(default_factory=dict)
 
     @field_validator("pools")

@@ -9,9 +9,10 @@ import time
 import pytest
 from labrl_test_envs import CalculatorEnv
 
-from labrl.envs import Action, Outcome, format_tool_call, make, parse_action
+from labrl.envs import Action, Budgets, Outcome, format_tool_call, make, parse_action
 from labrl.envs.registry import registered_ids, registration
 from labrl.errors import EnvError, EnvTimeoutError
+from labrl.resilience import Backoff
 
 
 async def _start(env_id: str, **kwargs):
@@ -67,6 +68,25 @@ async def test_transient_errors_beyond_budget_are_env_errors():
     assert result.outcome is Outcome.ENV_ERROR and result.reward is None
     assert env.unwrapped.calls == 3
     assert result.info["error"] == "TransientEnvError: backend busy (call 3)"
+
+
+async def test_retries_wait_the_shared_capped_backoff(monkeypatch):
+    """``min(retry_backoff_cap_s, retry_backoff_s * 2**attempt)``: the waits stop doubling at the cap."""
+    waits: list[float] = []
+    real_delay = Backoff.delay
+
+    def recording_delay(self, attempt, rng=None, retry_after=None):
+        waits.append(real_delay(self, attempt, rng, retry_after))
+        return waits[-1]
+
+    monkeypatch.setattr(Backoff, "delay", recording_delay)
+    env, task = await _start(
+        "test/flaky-v0", failures=6, budgets={"max_retries": 6, "retry_backoff_cap_s": 0.04}
+    )
+    result = await env.step(Action(text=f"ANSWER: {task.answer}"))
+    assert result.outcome is Outcome.OK and env.unwrapped.calls == 7
+    assert waits == [0.01, 0.02, 0.04, 0.04, 0.04, 0.04]
+    assert Budgets().retry_backoff_cap_s == 30.0  # the documented default cap
 
 
 async def test_invalid_actions_are_never_retried():

@@ -27,6 +27,7 @@ from labrl.envs.types import Task
 from labrl.errors import LearnerLostError, SamplerError, WorkerLostError
 from labrl.harness.pipeline.checkpoint import latest_checkpoint
 from labrl.harness.types import GenerateRequest, GenerateResult, SamplingParams, TrainBatch, Trajectory
+from labrl.resilience import Backoff
 
 
 def _actor_errors() -> tuple[type[BaseException], ...]:
@@ -69,9 +70,8 @@ class _Prober:
             task.cancel()
 
 
-def _backoff(attempt: int) -> float:
-    """0.2, 0.4, ... capped at 2 s: a restarting actor is usually back within seconds."""
-    return min(2.0, 0.2 * 2**attempt)
+# 0.2, 0.4, ... capped at 2 s: a restarting actor is usually back within seconds.
+_ACTOR_BACKOFF = Backoff(base_s=0.2, cap_s=2.0)
 
 
 class RemoteSampler:
@@ -166,7 +166,7 @@ class RemoteSampler:
                         f"sampler actor {i} stayed unreachable for ray.reissue_timeout_s="
                         f"{self.reissue_timeout_s:g} s: {type(exc).__name__}"
                     ) from None
-                await asyncio.sleep(_backoff(attempt))
+                await asyncio.sleep(_ACTOR_BACKOFF.delay(attempt))
                 attempt += 1
                 i = (i + 1) % len(self.actors)
                 continue
@@ -291,7 +291,7 @@ class EnvWorkerPool:
                         f"group {index}: every env worker failed it {attempt} times; the workers are gone "
                         f"(ray.env_worker_max_restarts exhausted, or their nodes lost)"
                     ) from None
-                await asyncio.sleep(_backoff(attempt - 1))
+                await asyncio.sleep(_ACTOR_BACKOFF.delay(attempt - 1))
                 continue
             finally:
                 self.load[i] -= 1
