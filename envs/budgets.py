@@ -110,7 +110,8 @@ class BudgetedEnv(Env):
             except TransientEnvError:
                 if attempt >= budgets.max_retries:
                     raise
-                backoff = Backoff(budgets.retry_backoff_s, budgets.retry_backoff_cap_s)  # built on retry only: off the hot path
+                # built here, on a retry, not per step: steps run thousands of times a second
+                backoff = Backoff(budgets.retry_backoff_s, budgets.retry_backoff_cap_s)
                 await asyncio.sleep(backoff.delay(attempt))
                 attempt += 1
 
