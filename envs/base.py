@@ -7,7 +7,14 @@ module-level caches, not in each instance.
 
 Subclasses implement ``make_task``, ``reset`` and ``step``; the framework's
 ``BudgetedEnv`` wrapper (added by ``labrl.envs.make``) enforces the budgets in
-``spec.budgets`` around them. Inside an env:
+``spec.budgets`` around them.
+
+``spec`` (an ``EnvSpec``) belongs to the registration, as in Gymnasium: a
+class that leaves it unset gets one from ``make``, built from the registered
+id and the class attributes it declares (``description``, ``budgets``,
+``max_turns``, ``tools``, ``tags``, ``license``, ``has_gold_answer``; see
+``labrl.envs.registry.spec_from_class``). A class may set ``self.spec``
+itself, with the registered id. Inside an env:
 
 - raise ``InvalidActionError(msg)`` for an unusable action: the wrapper turns
   it into an ``invalid_action`` step whose observation shows ``msg`` to the
@@ -53,6 +60,7 @@ def no_episode_error(env_id: str) -> EnvError:
 class Env(ABC):
     """One async, possibly very slow, environment. See the module docstring."""
 
+    #: set by ``make`` from the registration unless the constructor sets it (module docstring)
     spec: EnvSpec
     #: reward of an episode that ends on an invalid action
     invalid_action_reward: ClassVar[float] = 0.0

@@ -13,6 +13,12 @@
   the env, applies ``budgets`` overrides to its spec and wraps it in
   ``BudgetedEnv``. Unknown keyword arguments are a ``ConfigError`` that lists
   the accepted ones.
+- The registration owns the id (as in Gymnasium): an env that sets no
+  ``spec`` gets one built by ``make`` from the registered id and the class
+  attributes it declares (``SPEC_CLASS_ATTRIBUTES``: ``description``,
+  ``budgets``, ``max_turns``, ``tools``, ``tags``, ``license``,
+  ``has_gold_answer``). An env that sets its own ``spec`` keeps it, but its id
+  must be the registered id (``RegistryError`` naming both).
 - Third-party packages register envs by being installed: each entry point in
   the group ``labrl.envs`` maps an env id to a ``module:attr``::
 
@@ -33,6 +39,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
+
+from pydantic import ValidationError
 
 from labrl.envs.base import Env
 from labrl.envs.budgets import BudgetedEnv
@@ -207,13 +215,50 @@ def make(
     reg = registration(env_id)
     env = _build(reg.load(), env_id, {**reg.defaults, **overrides})
     spec = getattr(env, "spec", None)
-    if not isinstance(spec, EnvSpec):
-        raise RegistryError(f"{env_id}: env class {type(env).__name__} has no EnvSpec in .spec")
-    if spec.id != env_id:
+    if spec is None:
+        spec = env.spec = spec_from_class(type(env), env_id)
+    elif not isinstance(spec, EnvSpec):
+        raise RegistryError(
+            f"{env_id}: env class {type(env).__name__} has a .spec of type {type(spec).__name__}, not "
+            f"EnvSpec; leave .spec unset and make() builds it from the registration"
+        )
+    elif spec.id != env_id:
         raise RegistryError(f"env registered as {env_id!r} reports spec.id {spec.id!r}; they must match")
     if budgets:
         env.spec = spec.model_copy(update={"budgets": _merge_budgets(spec.budgets, budgets, env_id)})
     return BudgetedEnv(env) if checked else env
+
+
+SPEC_CLASS_ATTRIBUTES = ("description", "budgets", "max_turns", "tools", "tags", "license", "has_gold_answer")
+
+
+@functools.cache
+def spec_from_class(cls: type[Env], env_id: str) -> EnvSpec:
+    """The spec of a class that sets none: ``env_id`` plus the ``SPEC_CLASS_ATTRIBUTES`` it declares.
+
+    ``max_turns`` is shorthand for ``budgets.max_turns``; ``budgets`` may be a ``Budgets`` or a dict.
+    Cached (specs are frozen): ``make`` runs once per episode.
+    """
+    declared = {name: getattr(cls, name) for name in SPEC_CLASS_ATTRIBUTES if hasattr(cls, name)}
+    max_turns = declared.pop("max_turns", None)
+    try:
+        budgets = Budgets.model_validate(declared.pop("budgets", {}))
+        if max_turns is not None:
+            if "max_turns" in budgets.model_fields_set and budgets.max_turns != max_turns:
+                raise ValueError(f"max_turns = {max_turns} but budgets.max_turns = {budgets.max_turns}")
+            budgets = Budgets.model_validate({**budgets.model_dump(), "max_turns": max_turns})
+        return EnvSpec.model_validate({**declared, "id": env_id, "budgets": budgets})
+    except ValueError as exc:  # pydantic's ValidationError included
+        raise RegistryError(
+            f"{env_id}: the spec that class {cls.__name__} declares is invalid: {_one_line(exc)}"
+        ) from exc
+
+
+def _one_line(exc: ValueError) -> str:
+    """A pydantic ``ValidationError`` as ``loc: msg; ...``; any other error as it reads."""
+    if isinstance(exc, ValidationError):
+        return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+    return str(exc)
 
 
 def _merge_budgets(current: Budgets, overrides: Mapping[str, Any], env_id: str) -> Budgets:

@@ -6,8 +6,19 @@ import sys
 from pathlib import Path
 
 import pytest
+from labrl_test_envs import EchoEnv
 
-from labrl.envs import BudgetedEnv, load_plugins, make, register, registered_ids, spec
+from labrl.envs import (
+    BudgetedEnv,
+    Budgets,
+    load_plugins,
+    make,
+    register,
+    registered_ids,
+    run_episode,
+    scripted_policy,
+    spec,
+)
 from labrl.envs.registry import deregister
 from labrl.errors import ConfigError, RegistryError
 
@@ -69,6 +80,67 @@ def test_spec_id_must_match_registration():
             make("test/mismatch-v0")
     finally:
         deregister("test/mismatch-v0")
+
+
+class DeclaredEchoEnv(EchoEnv):
+    """Echo that sets no ``spec``: ``make`` builds it from the registration and these attributes."""
+
+    description = "repeat the word; spec from the registration"
+    max_turns = 2
+    tags = ("test",)
+    has_gold_answer = True
+
+    def __init__(self) -> None:
+        self.step_delay = 0.0
+        self.task = None
+
+
+@pytest.fixture
+def declared_ids():
+    ids = ("test/declared-v0", "test/declared-v1")
+    for env_id in ids:
+        register(env_id, entry_point=DeclaredEchoEnv)
+    yield ids
+    for env_id in ids:
+        deregister(env_id)
+
+
+async def test_a_class_without_a_spec_gets_one_from_its_registration(declared_ids):
+    for env_id in declared_ids:  # one class, two ids: each made env carries the id it was made under
+        env = make(env_id, budgets={"step_timeout_s": 9})
+        assert env.spec.id == env.unwrapped.spec.id == env_id
+        assert env.spec.description == "repeat the word; spec from the registration"
+        assert (env.spec.tags, env.spec.has_gold_answer) == (("test",), True)
+        assert (env.spec.budgets.max_turns, env.spec.budgets.step_timeout_s) == (2, 9)
+        task = env.make_task("test", 1)
+        episode = await run_episode(env, task, scripted_policy(env.gold_actions(task)))
+        assert (task.env_id, episode.reward) == (env_id, 1.0)
+
+
+def _make_declaring(**attributes):
+    """``make`` a fresh ``DeclaredEchoEnv`` subclass with ``attributes``, registered as test/declaring-v0."""
+    register("test/declaring-v0", entry_point=type("DeclaringEnv", (DeclaredEchoEnv,), attributes))
+    try:
+        return make("test/declaring-v0")
+    finally:
+        deregister("test/declaring-v0")
+
+
+def test_declared_spec_attributes_are_validated():
+    invalid = "test/declaring-v0: the spec that class DeclaringEnv declares is invalid: "
+    with pytest.raises(RegistryError, match=re.escape(invalid + "max_turns = 2 but budgets.max_turns = 3")):
+        _make_declaring(budgets=Budgets(max_turns=3))
+    with pytest.raises(
+        RegistryError, match=re.escape(invalid + "step_timeout_s: Input should be greater than 0")
+    ):
+        _make_declaring(budgets={"step_timeout_s": -1})
+    with pytest.raises(RegistryError, match=re.escape("has a .spec of type str, not EnvSpec")):
+        _make_declaring(spec="test/declaring-v0")
+    assert _make_declaring(budgets={"step_timeout_s": 5}).spec.budgets.model_dump() == {
+        **Budgets().model_dump(),
+        "step_timeout_s": 5,
+        "max_turns": 2,
+    }
 
 
 def test_env_registered_through_an_installed_entry_point(tmp_path, monkeypatch):
