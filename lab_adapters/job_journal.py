@@ -28,29 +28,26 @@ as new would resubmit every experiment) unless ``start_fresh=True``: then the
 bad file is kept beside it as ``<name>.bad-<unix time>`` and a new journal is
 created.
 
-SQLite calls run on one dedicated thread that owns the connection, so the
-event loop never waits on disk; every transaction is a single small
-statement. WAL with ``synchronous=NORMAL`` survives the process being killed
-(SIGKILL) at any point: a commit either happened or it did not.
+SQLite calls run on one dedicated thread that owns the connection
+(``labrl.sqlite_thread.SqliteThread``), so the event loop never waits on
+disk; every transaction is a single small statement. WAL with
+``synchronous=NORMAL`` survives the process being killed (SIGKILL) at any
+point: a commit either happened or it did not.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sqlite3
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from labrl.errors import LabJournalError, LabRejectedError
 from labrl.lab_adapters.protocol import JobState, JobStatus, request_hash
-
-T = TypeVar("T")
+from labrl.sqlite_thread import SqliteThread
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -113,6 +110,15 @@ def _row(row: tuple[Any, ...]) -> JournalEntry:
     )
 
 
+def _create(conn: sqlite3.Connection) -> None:
+    """The schema, and the migration of a journal from before acknowledgements."""
+    conn.executescript(_SCHEMA)
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}
+    if "acked_at" not in columns:  # delivered then meant handed over
+        conn.execute("ALTER TABLE jobs ADD COLUMN acked_at REAL")
+        conn.execute("UPDATE jobs SET acked_at = delivered_at WHERE delivered_at IS NOT NULL")
+
+
 _COLUMNS = "key, request_hash, request, job_id, state, result, error, delivered_at, acked_at"
 
 
@@ -137,27 +143,10 @@ class Journal:
                 side = self.path.with_name(self.path.name + suffix)
                 if side.exists():
                     side.rename(self.set_aside.with_name(self.set_aside.name + suffix))
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="labrl-journal")
-        self._conn: sqlite3.Connection = self._thread.submit(self._open).result()
-
-    def _open(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("PRAGMA busy_timeout=5000")
-        conn.executescript(_SCHEMA)
-        columns = {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}
-        if "acked_at" not in columns:  # a journal from before acknowledgements: delivered = handed over
-            conn.execute("ALTER TABLE jobs ADD COLUMN acked_at REAL")
-            conn.execute("UPDATE jobs SET acked_at = delivered_at WHERE delivered_at IS NOT NULL")
-        return conn
-
-    async def _run(self, fn: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._thread, fn)
+        self._db = SqliteThread(self.path, synchronous="NORMAL", setup=_create, thread_name="labrl-journal")
 
     async def close(self) -> None:
-        await self._run(self._conn.close)
-        self._thread.shutdown(wait=True)
+        await self._db.aclose()
 
     # -- writes -----------------------------------------------------------------
 
@@ -175,17 +164,17 @@ class Journal:
         rhash = request_hash(request)
         body = json.dumps(request, sort_keys=True, allow_nan=False)
 
-        def write() -> tuple[JournalEntry, bool]:
+        def write(conn: sqlite3.Connection) -> tuple[JournalEntry, bool]:
             now = time.time()
-            cur = self._conn.execute(
+            cur = conn.execute(
                 "INSERT OR IGNORE INTO jobs (key, request_hash, request, state, created_at, updated_at) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 (key, rhash, body, PENDING, now, now),
             )
-            row = self._conn.execute(f"SELECT {_COLUMNS} FROM jobs WHERE key = ?", (key,)).fetchone()
+            row = conn.execute(f"SELECT {_COLUMNS} FROM jobs WHERE key = ?", (key,)).fetchone()
             return _row(row), cur.rowcount == 1
 
-        entry, created = await self._run(write)
+        entry, created = await self._db.run(write)
         if entry.request_hash != rhash:
             raise LabRejectedError(
                 f"idempotency key {key!r} is already journaled for a different request "
@@ -194,38 +183,38 @@ class Journal:
         return entry, created
 
     async def attach(self, key: str, job_id: str) -> None:
-        def write() -> None:
-            self._conn.execute(
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(
                 "UPDATE jobs SET job_id = ?, state = CASE WHEN state = ? THEN ? ELSE state END, updated_at = ? "
                 "WHERE key = ?",
                 (job_id, PENDING, SUBMITTED, time.time(), key),
             )
 
-        await self._run(write)
+        await self._db.run(write)
 
     async def reject(self, key: str, error: str) -> bool:
         """Mark a submission the lab refused; True if this call delivered it."""
 
-        def write() -> bool:
-            cur = self._conn.execute(
+        def write(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
                 "UPDATE jobs SET state = 'rejected', error = ?, delivered_at = ?, updated_at = ? "
                 "WHERE key = ? AND delivered_at IS NULL",
                 (error, time.time(), time.time(), key),
             )
             return cur.rowcount == 1
 
-        return await self._run(write)
+        return await self._db.run(write)
 
     async def ack(self, key: str) -> None:
         """The consumer has the delivered result of ``key``: it is not handed over again after a crash."""
 
-        def write() -> None:
-            self._conn.execute(
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(
                 "UPDATE jobs SET acked_at = ? WHERE key = ? AND delivered_at IS NOT NULL AND acked_at IS NULL",
                 (time.time(), key),
             )
 
-        await self._run(write)
+        await self._db.run(write)
 
     async def deliver(self, key: str, status: JobStatus) -> bool:
         """Store the terminal ``status``; True only for the first delivery of ``key``."""
@@ -233,68 +222,66 @@ class Journal:
             raise ValueError(f"deliver() needs a terminal status, got {status.state.value}")
         result = json.dumps(status.result, sort_keys=True) if status.result is not None else None
 
-        def write() -> bool:
+        def write(conn: sqlite3.Connection) -> bool:
             now = time.time()
-            cur = self._conn.execute(
+            cur = conn.execute(
                 "UPDATE jobs SET job_id = ?, state = ?, result = ?, error = ?, delivered_at = ?, updated_at = ? "
                 "WHERE key = ? AND delivered_at IS NULL",
                 (status.job_id, status.state.value, result, status.error, now, now, key),
             )
             return cur.rowcount == 1
 
-        return await self._run(write)
+        return await self._db.run(write)
 
     # -- reads ------------------------------------------------------------------
 
     async def get(self, key: str) -> JournalEntry | None:
-        def read() -> JournalEntry | None:
-            row = self._conn.execute(f"SELECT {_COLUMNS} FROM jobs WHERE key = ?", (key,)).fetchone()
+        def read(conn: sqlite3.Connection) -> JournalEntry | None:
+            row = conn.execute(f"SELECT {_COLUMNS} FROM jobs WHERE key = ?", (key,)).fetchone()
             return _row(row) if row else None
 
-        return await self._run(read)
+        return await self._db.run(read)
 
     async def open_entries(self) -> list[JournalEntry]:
         """Entries recorded but not delivered: the work a restarted client resumes."""
 
-        def read() -> list[JournalEntry]:
-            rows = self._conn.execute(
+        def read(conn: sqlite3.Connection) -> list[JournalEntry]:
+            rows = conn.execute(
                 f"SELECT {_COLUMNS} FROM jobs WHERE delivered_at IS NULL ORDER BY created_at"
             ).fetchall()
             return [_row(r) for r in rows]
 
-        return await self._run(read)
+        return await self._db.run(read)
 
     async def unacked_entries(self) -> list[JournalEntry]:
         """Entries delivered but never acknowledged: results stored just before a crash, to hand over again."""
 
-        def read() -> list[JournalEntry]:
-            rows = self._conn.execute(
+        def read(conn: sqlite3.Connection) -> list[JournalEntry]:
+            rows = conn.execute(
                 f"SELECT {_COLUMNS} FROM jobs WHERE delivered_at IS NOT NULL AND acked_at IS NULL "
                 "ORDER BY created_at"
             ).fetchall()
             return [_row(r) for r in rows]
 
-        return await self._run(read)
+        return await self._db.run(read)
 
     async def entries(self, limit: int | None = None) -> list[JournalEntry]:
         """All entries, newest first (``limit`` of them when given): for ``labrl lab journal``."""
 
-        def read() -> list[JournalEntry]:
+        def read(conn: sqlite3.Connection) -> list[JournalEntry]:
             sql = f"SELECT {_COLUMNS} FROM jobs ORDER BY created_at DESC"
-            rows = self._conn.execute(
-                sql + (" LIMIT ?" if limit else ""), (limit,) if limit else ()
-            ).fetchall()
+            rows = conn.execute(sql + (" LIMIT ?" if limit else ""), (limit,) if limit else ()).fetchall()
             return [_row(r) for r in rows]
 
-        return await self._run(read)
+        return await self._db.run(read)
 
     async def counts(self) -> dict[str, int]:
         """``{state: n}`` over all entries."""
 
-        def read() -> dict[str, int]:
-            return dict(self._conn.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
+        def read(conn: sqlite3.Connection) -> dict[str, int]:
+            return dict(conn.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
 
-        return await self._run(read)
+        return await self._db.run(read)
 
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sqlite3
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from labrl.lab_adapters.protocol import CompletionEvent, JobState, JobStatus
+from labrl.sqlite_thread import connect_wal
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -82,9 +82,7 @@ class MockJob:
 class MockStore:
     def __init__(self, state_dir: Path) -> None:
         state_dir.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(state_dir / "mock_lab.sqlite", isolation_level=None)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn = connect_wal(state_dir / "mock_lab.sqlite", synchronous="NORMAL")
         self._conn.executescript(_SCHEMA)
         self.jobs: dict[str, MockJob] = {}
         self.by_key: dict[str, str] = {}

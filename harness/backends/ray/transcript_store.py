@@ -14,19 +14,21 @@ trajectories are in that checkpoint's buffer, trained, or dropped), not when
 the driver receives them: a crash between the two would otherwise replay the
 group without them.
 
-One SQLite file, written by one thread (the gateway actor's event loop must not
-wait on the disk), WAL so a crash mid-write loses at most the write.
+One SQLite file, written by one thread (``labrl.sqlite_thread.SqliteThread``: the
+gateway actor's event loop must not wait on the disk), WAL so a crash
+mid-write loses at most the write, ``synchronous=FULL`` so a ``put`` that
+returned survives a power cut of the head node too.
 """
 
 from __future__ import annotations
 
-import asyncio
 import pickle
 import sqlite3
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from labrl.sqlite_thread import SqliteThread
 
 if TYPE_CHECKING:
     from labrl.harness.backends.ray.transcripts import SavedTurn
@@ -65,57 +67,52 @@ class TranscriptStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="labrl-transcripts")
-        self._conn: sqlite3.Connection = self._thread.submit(self._open).result()
-
-    def _open(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA busy_timeout=5000")
-        conn.executescript(_SCHEMA)
-        return conn
-
-    async def _run(self, fn, *args):  # type: ignore[no-untyped-def]
-        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+        self._db = SqliteThread(
+            self.path,
+            synchronous="FULL",
+            setup=lambda conn: conn.executescript(_SCHEMA),
+            thread_name="labrl-transcripts",
+        )
 
     def load(self) -> tuple[Transcripts, dict[int, set[str]]]:
         """Everything held: transcripts per group and member, and the lab keys per group (blocking; at start)."""
-        return self._thread.submit(self._load).result()
-
-    def _load(self) -> tuple[Transcripts, dict[int, set[str]]]:
-        transcripts: Transcripts = {}
-        for grp, member, blob in self._conn.execute("SELECT grp, member, turns FROM transcripts"):
-            transcripts.setdefault(grp, {})[member] = pickle.loads(blob)
-        keys: dict[int, set[str]] = {}
-        for grp, key in self._conn.execute("SELECT grp, lab_key FROM lab_keys"):
-            keys.setdefault(grp, set()).add(key)
-        return transcripts, keys
+        return self._db.call(_load)
 
     async def put(self, group: int, member: int, turns: Sequence[SavedTurn], key: str) -> None:
         """Durable before it returns: the caller sends the lab request only after this."""
-        await self._run(self._put, group, member, list(turns), key)
-
-    def _put(self, group: int, member: int, turns: list[SavedTurn], key: str) -> None:
-        blob = pickle.dumps(turns, protocol=5)  # here, not on the loop: routed experts make turns large
-        with self._conn:
-            self._conn.execute("BEGIN")
-            self._conn.execute(
-                "INSERT OR REPLACE INTO transcripts (grp, member, turns) VALUES (?, ?, ?)",
-                (group, member, blob),
-            )
-            self._conn.execute("INSERT OR IGNORE INTO lab_keys (grp, lab_key) VALUES (?, ?)", (group, key))
+        await self._db.run(_put, group, member, list(turns), key)
 
     async def release(self, groups: Iterable[int]) -> None:
         rows = [(g,) for g in groups]
         if rows:
-            await self._run(self._release, rows)
-
-    def _release(self, rows: list[tuple[int]]) -> None:
-        with self._conn:
-            self._conn.execute("BEGIN")
-            self._conn.executemany("DELETE FROM transcripts WHERE grp = ?", rows)
-            self._conn.executemany("DELETE FROM lab_keys WHERE grp = ?", rows)
+            await self._db.run(_release, rows)
 
     def close(self) -> None:
-        self._thread.submit(self._conn.close).result()
-        self._thread.shutdown(wait=True)
+        self._db.close()
+
+
+def _load(conn: sqlite3.Connection) -> tuple[Transcripts, dict[int, set[str]]]:
+    transcripts: Transcripts = {}
+    for grp, member, blob in conn.execute("SELECT grp, member, turns FROM transcripts"):
+        transcripts.setdefault(grp, {})[member] = pickle.loads(blob)
+    keys: dict[int, set[str]] = {}
+    for grp, key in conn.execute("SELECT grp, lab_key FROM lab_keys"):
+        keys.setdefault(grp, set()).add(key)
+    return transcripts, keys
+
+
+def _put(conn: sqlite3.Connection, group: int, member: int, turns: list[SavedTurn], key: str) -> None:
+    blob = pickle.dumps(turns, protocol=5)  # here, not on the loop: routed experts make turns large
+    with conn:
+        conn.execute("BEGIN")
+        conn.execute(
+            "INSERT OR REPLACE INTO transcripts (grp, member, turns) VALUES (?, ?, ?)", (group, member, blob)
+        )
+        conn.execute("INSERT OR IGNORE INTO lab_keys (grp, lab_key) VALUES (?, ?)", (group, key))
+
+
+def _release(conn: sqlite3.Connection, rows: list[tuple[int]]) -> None:
+    with conn:
+        conn.execute("BEGIN")
+        conn.executemany("DELETE FROM transcripts WHERE grp = ?", rows)
+        conn.executemany("DELETE FROM lab_keys WHERE grp = ?", rows)
