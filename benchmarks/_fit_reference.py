@@ -15,7 +15,9 @@ import math
 
 import numpy as np
 
-from labrl.verifiers.xrd.fit import _COARSE_ZERO_STEP, FitConfig, FitResult, _sticks
+from labrl.verifiers.xrd.fit import _sticks
+from labrl.verifiers.xrd.fit_config import FitConfig, FitResult
+from labrl.verifiers.xrd.fit_linear import COARSE_ZERO_STEP
 from labrl.verifiers.xrd.library import load_library
 from labrl.verifiers.xrd.mixture import weight_fractions
 from labrl.verifiers.xrd.profile import Instrument, chebyshev_basis, rescale_positions
@@ -137,7 +139,7 @@ def fit_phase_ids_reference(
     if ids:
         base = columns(size, 0.0)
         if config.max_zero_shift > 0:
-            n_side = int(np.ceil(config.max_zero_shift / _COARSE_ZERO_STEP))
+            n_side = int(np.ceil(config.max_zero_shift / COARSE_ZERO_STEP))
             trials = np.linspace(-config.max_zero_shift, config.max_zero_shift, 2 * n_side + 1)
 
             def trial_rwp(d: float) -> float:

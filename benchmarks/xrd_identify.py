@@ -174,7 +174,8 @@ def peak_match(pattern, candidates, instrument) -> tuple[tuple[str, ...], dict[s
 
 def run_one(seed: int, full_library: bool, version: str = "v1") -> dict:
     from labrl.envs.xrd.ranking import ranking_case
-    from labrl.verifiers.xrd.fit import FitConfig, fit_phases
+    from labrl.verifiers.xrd.fit import fit_phases
+    from labrl.verifiers.xrd.fit_config import FitConfig
     from labrl.verifiers.xrd.identify import IdentifyOptions, candidate_phases, identify, instrument_for
     from labrl.verifiers.xrd.library import load_library
 

@@ -40,9 +40,3 @@ def get_pool(name: str, size: int) -> asyncio.Semaphore:
     semaphore = asyncio.Semaphore(size)
     pools[name] = (size, semaphore)
     return semaphore
-
-
-def pool_usage() -> dict[str, tuple[int, int]]:
-    """``{name: (in_use, size)}`` for the running loop's pools (for metrics)."""
-    loop = asyncio.get_running_loop()
-    return {name: (size - sem._value, size) for name, (size, sem) in _POOLS.get(loop, {}).items()}

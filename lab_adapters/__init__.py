@@ -3,7 +3,7 @@
 - ``LabAdapter`` protocol (``protocol``): submit / find / status / wait / result / cancel.
 - ``RestLabAdapter`` (``rest``): the protocol over a lab's REST API, with retries,
   timeouts, rate limit, concurrency cap and circuit breaker.
-- ``Journal`` + ``JournaledLab`` (``journal``, ``journaled``): no experiment lost
+- ``Journal`` + ``JournaledLab`` (``job_journal``, ``journaled_lab``): no experiment lost
   or paid for twice across crashes and restarts.
 - ``SimulatorAdapter`` (``simulator``): ASE calculators off the event loop,
   cached by canonical structure hash.

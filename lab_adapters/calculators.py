@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import math
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from ase import Atoms
@@ -50,7 +50,6 @@ HARTREE_EV = 27.211386245988
 #: gth-szv exponents gives an 83^3 mesh for H2 in a 4 Å box (~30 s); 50 Ha gives 27^3, changes
 #: that energy by < 0.05 eV and runs in about 2 s.
 PYSCF_KE_CUTOFF_HA = 50.0
-CalcTask = Literal["energy", "relax", "lattice"]
 
 
 class Backend(BaseModel):

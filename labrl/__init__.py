@@ -2,7 +2,7 @@
 
 Public surface: the Env contract and registry (``labrl.envs``), reward
 functions (``labrl.verifiers``), lab clients (``labrl.lab_adapters``) and the
-RL harness (``labrl.harness``). See ARCHITECTURE.md for the layout.
+RL harness (``labrl.harness``). See docs/architecture.md for the layout.
 """
 
 from labrl import errors

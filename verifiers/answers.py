@@ -29,7 +29,7 @@ import re
 from typing import Any
 
 from labrl.errors import InvalidActionError
-from labrl.untrusted_text import UntrustedJSONError, iter_blocks, last_block, loads, raw_decode
+from labrl.untrusted_text import UntrustedJSONError, last_block, loads, raw_decode
 
 _FENCE = re.compile(r"```(?:json|JSON)?\s*")
 _FENCE_CLOSE = "```"
@@ -122,11 +122,6 @@ def extract_json(text: str, *, hint: str = "") -> Any:
         return _scan(text)
     except _Unparsable:
         raise InvalidActionError(f"no JSON answer found in the reply. {hint}".strip()) from None
-
-
-def has_unclosed_answer(text: str) -> bool:
-    """Whether ``text`` opens an ``<answer>`` block it never closes (for a clearer message)."""
-    return any(not closed for _, closed in iter_blocks(text, "<answer>", "</answer>", ignore_case=True))
 
 
 _CHOICE_PATTERNS = (

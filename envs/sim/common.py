@@ -11,7 +11,6 @@ and event loop, so the cache serves every episode.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import weakref
 from typing import Any
 
@@ -58,7 +57,6 @@ def formula_of(prototype: str, elements: tuple[str, ...]) -> str:
 _ADAPTERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[Any, ...], LabAdapter]] = (
     weakref.WeakKeyDictionary()
 )
-_KEYS = itertools.count()
 
 
 def shared_adapter(backend: str, lab_url: str | None, api_key_env: str, timeout_s: float) -> LabAdapter:

@@ -56,7 +56,8 @@ from labrl.errors import ConfigError, EnvError, InvalidActionError
 from labrl.offload import run_cpu
 from labrl.untrusted_text import parse_off_loop
 from labrl.verifiers.xrd.answer import FORMAT_HINT, ClaimedPhase, parse_answer
-from labrl.verifiers.xrd.fit import FitResult, fit_phase_ids
+from labrl.verifiers.xrd.fit import fit_phase_ids
+from labrl.verifiers.xrd.fit_config import FitResult
 from labrl.verifiers.xrd.library import load_library
 from labrl.verifiers.xrd.profile import Instrument, phase_sticks
 from labrl.verifiers.xrd.scoring import label_score

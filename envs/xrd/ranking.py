@@ -29,7 +29,8 @@ import numpy as np
 
 from labrl.envs.xrd.measure import observe
 from labrl.envs.xrd.tasks import PhaseIdConfig, build_task_prompt
-from labrl.verifiers.xrd.fit import FitConfig, fit_phase_ids
+from labrl.verifiers.xrd.fit import fit_phase_ids
+from labrl.verifiers.xrd.fit_config import FitConfig
 from labrl.verifiers.xrd.library import Phase, PhaseLibrary, load_library, resolve_phase
 from labrl.verifiers.xrd.profile import Instrument
 from labrl.verifiers.xrd.simulate import stick_pattern

@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from labrl.envs.types import Split
 from labrl.errors import ConfigError
-from labrl.verifiers.xrd.fit import FitConfig
+from labrl.verifiers.xrd.fit_config import FitConfig
 from labrl.verifiers.xrd.library import LibraryVersion, Phase, PhaseLibrary, is_held_out, load_library
 from labrl.verifiers.xrd.mixture import Component, Sample
 from labrl.verifiers.xrd.profile import Instrument, PreferredOrientation

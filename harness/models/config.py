@@ -18,8 +18,6 @@ from labrl.errors import ConfigError
 
 Precision = Literal["fp32", "bf16"]
 
-DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
 
 class ParallelConfig(BaseModel):
     """Model-parallel sizes passed through to megatron-core."""

@@ -59,10 +59,6 @@ _lock = threading.Lock()
 _applied: set[str] = set()
 
 
-def cuda_available() -> bool:
-    return torch.cuda.is_available()
-
-
 def apply_workarounds(names: tuple[str, ...]) -> tuple[str, ...]:
     """Install the named workarounds (each once per process); returns the names now active."""
     unknown = set(names) - set(PATCHES)

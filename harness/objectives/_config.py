@@ -1,6 +1,6 @@
 """The one typed config that composes an objective.
 
-Defaults come from what peers ship (``shared/reference/off-policy.md``):
+Defaults come from what peers ship (sources per default in docs/objectives.md, "Configure"):
 
 - ``loss="cispo"`` with ``eps_low=1.0, eps_high=0.28`` (MiniMax-M1 sets no lower
   bound on the weight; ScaleRL's recipe is CISPO); ``ppo`` defaults to DAPO's

@@ -60,22 +60,6 @@ from labrl.testing.fake_sglang_weights import SGLangStyleWeights
 ServerRelease = Literal["0.5.23", "0.5.15"]
 WeightLoader = Callable[[str], Mapping[str, torch.Tensor]]  # checkpoint dir -> backend weights
 
-_GENERATE_FIELDS = frozenset(
-    {
-        "text",
-        "input_ids",
-        "rid",
-        "sampling_params",
-        "return_logprob",
-        "logprob_start_len",
-        "top_logprobs_num",
-        "return_text_in_logprobs",
-        "stream",
-        "return_routed_experts",
-        "routed_experts_start_len",
-    }
-)
-
 
 class FakeServerConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -1,9 +1,12 @@
 """Every relative link (and its #anchor) in README.md, docs/*.md and benchmarks/README.md resolves
-inside the repository."""
+inside the repository, and so does every path named in the prose, comments and docstrings of the
+Markdown, Python, YAML and TOML files (``harness/pipeline/runner.py``, ``docs/ray.md#anchor``,
+``ARCHITECTURE.md``)."""
 
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -61,6 +64,95 @@ def broken_links(path: Path, root: Path = ROOT) -> list[str]:
         elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
             problems.append(f"{path.relative_to(root)}: {target} (no such heading)")
     return problems
+
+
+#: a path-looking reference: folders and a file of a source type (``envs/episode.py``,
+#: ``docs/ray.md#anchor``), or a bare upper-case Markdown name (``README.md``)
+PATH_REF = re.compile(
+    r"(?<![\w./@:$~{-])((?:[\w.-]+/)+[\w.-]+\.(?:py|md|ya?ml|toml|sh)|[A-Z][A-Z_]+\.md)(?:#([\w-]+))?(?![\w/])"
+)
+#: where the installed package's folders sit in the repository (pyproject's package-dir)
+INSTALLED_AS = {
+    name.replace(".", "/") + "/": folder + "/"
+    for name, folder in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"
+    ].items()
+    if name != folder
+}
+#: other projects' source files the code cites (not in this repository)
+ELSEWHERE = ("megatron/", "sglang/srt/")
+SKIPPED_DIRS = {".git", ".venv", "build", "dist", "runs", "__pycache__"}
+SOURCE_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml"}
+
+
+def _walk(root: Path) -> list[Path]:
+    return [
+        p
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+        and not any(part in SKIPPED_DIRS or part.endswith(".egg-info") for part in p.relative_to(root).parts)
+    ]
+
+
+def stale_paths(
+    root: Path = ROOT, skip: frozenset[Path] = frozenset(), installed_as: dict[str, str] = INSTALLED_AS
+) -> list[str]:
+    """``file:line: reference`` for every path-looking reference no file of the repository ends with.
+
+    A reference resolves when some file's path ends with it (``pipeline/runner.py`` names
+    ``harness/pipeline/runner.py``), after mapping installed paths (``labrl/harness/x.py``)
+    to the repository's folders; a ``#anchor`` on a Markdown file must be one of its headings.
+    Paths of files the reader creates are named ``my_*`` and are not checked.
+    """
+    files = _walk(root)
+    endings: dict[str, Path] = {}
+    for p in files:
+        parts = p.relative_to(root).parts
+        for i in range(len(parts)):
+            endings.setdefault("/".join(parts[i:]), p)
+    problems = []
+    for path in files:
+        if path.suffix not in SOURCE_SUFFIXES or path in skip:
+            continue
+        text = path.read_text(errors="ignore")
+        for match in PATH_REF.finditer(text):
+            ref, anchor = match.group(1), match.group(2)
+            beside = (path.parent / ref).resolve()
+            if ref.startswith("../") and root.resolve() in beside.parents:
+                name = beside.relative_to(root.resolve()).as_posix()  # a Markdown link's relative path
+            else:
+                name = ref.removeprefix("./")
+            for installed, folder in installed_as.items():
+                name = folder + name.removeprefix(installed) if name.startswith(installed) else name
+            if name.startswith(ELSEWHERE) or name.rsplit("/", 1)[-1].startswith("my_"):
+                continue
+            target = endings.get(name)
+            where = f"{path.relative_to(root)}:{text.count(chr(10), 0, match.start()) + 1}"
+            if target is None:
+                problems.append(f"{where}: {ref} (no such file)")
+            elif anchor and target.suffix == ".md" and anchor not in anchors(target):
+                problems.append(f"{where}: {ref}#{anchor} (no such heading)")
+    return problems
+
+
+def test_paths_named_in_the_sources_exist() -> None:
+    # this file's own strings are the checkers' fixtures
+    assert stale_paths(skip=frozenset({Path(__file__).resolve()})) == []
+
+
+def test_the_path_checker_reports_missing_files_and_headings(tmp_path: Path) -> None:
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "sub" / "mod.py").write_text('"""See ``sub/mod.py`` and docs/guide.md#usage."""\n')
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "guide.md").write_text(
+        "# Usage\nRun `labrl/pkg/sub/mod.py`, then megatron/core/utils.py; write configs/my_run.yaml.\n"
+        "See ARCHITECTURE.md, docs/guide.md#setup and pkg/sub/gone.py.\n"
+    )
+    assert stale_paths(tmp_path, installed_as={"labrl/pkg/": "pkg/"}) == [
+        "docs/guide.md:3: ARCHITECTURE.md (no such file)",
+        "docs/guide.md:3: docs/guide.md#setup (no such heading)",
+        "docs/guide.md:3: pkg/sub/gone.py (no such file)",
+    ]
 
 
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(ROOT)))

@@ -8,8 +8,6 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-import pytest
-
 import labrl
 import labrl.envs
 import labrl.errors
@@ -125,7 +123,7 @@ def _imports(path: Path) -> list[tuple[str, bool]]:
 
 
 def test_dependencies_point_one_way():
-    """harness -> envs -> verifiers, lab_adapters (ARCHITECTURE.md): no module imports upward."""
+    """harness -> envs -> verifiers, lab_adapters (docs/architecture.md): no module imports upward."""
     forbidden = {
         "verifiers": ("labrl.envs", "labrl.harness", "labrl.lab_adapters"),
         "lab_adapters": ("labrl.envs", "labrl.harness"),
@@ -196,28 +194,3 @@ def test_importing_the_envs_and_real_adapters_loads_no_mock_code():
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
-
-
-@pytest.mark.parametrize(
-    ("old", "new", "name"),
-    [
-        ("labrl.lab_adapters.mock_server", "labrl.lab_adapters.mock.server", "MockLabConfig"),
-        ("labrl.lab_adapters.mock_store", "labrl.lab_adapters.mock.store", "MockStore"),
-        ("labrl.lab_adapters.mock_process", "labrl.lab_adapters.mock.process", "MockLabProcess"),
-        ("labrl.lab_adapters.simlab", "labrl.lab_adapters.mock.simlab", "execute"),
-        ("labrl.lab_adapters.synthesis", "labrl.lab_adapters.mock.chemistry", "synthesize"),
-        ("labrl.lab_adapters.synthesis", "labrl.lab_adapters.mock.chemistry", "SHELF"),
-        ("labrl.lab_adapters.synthesis", "labrl.lab_adapters.recipes", "gold_recipe"),
-        ("labrl.lab_adapters.resilience", "labrl.resilience", "CircuitBreaker"),
-    ],
-)
-def test_old_lab_paths_warn_and_forward(old, new, name):
-    import importlib
-    import sys
-
-    sys.modules.pop(old, None)
-    with pytest.warns(DeprecationWarning, match=f"{old} moved to .*{new}"):
-        module = importlib.import_module(old)
-    assert getattr(module, name) is getattr(importlib.import_module(new), name)
-    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
-        _ = module.no_such_name

@@ -16,7 +16,8 @@ import pytest
 
 from labrl.envs.xrd.measure import observe
 from labrl.envs.xrd.tasks import PhaseIdConfig, build_task_prompt
-from labrl.verifiers.xrd.fit import _lsq, _Problem, _translated, fit_phase_ids
+from labrl.verifiers.xrd.fit import fit_phase_ids
+from labrl.verifiers.xrd.fit_linear import LinearProblem, normal_lstsq, translated
 from labrl.verifiers.xrd.library import load_library
 from labrl.verifiers.xrd.mixture import Component, Sample, measure
 from labrl.verifiers.xrd.profile import (
@@ -106,7 +107,7 @@ def test_translated_columns_equal_np_interp():
     cols = np.random.default_rng(0).random((500, 3))
     # the last shift moves every sample off the scan
     deltas = np.array([-0.12, -0.03, 0.0, 0.0071, 0.06, 0.5, 20.0])
-    out = _translated(cols, deltas, 0.02)
+    out = translated(cols, deltas, 0.02)
     assert out.shape == (7, 500, 3)
     for t, d in enumerate(deltas):
         for p in range(3):
@@ -120,7 +121,7 @@ def test_lsq_handles_zero_and_duplicate_columns_like_lstsq():
     a = rng.random((200, 2))
     design = np.column_stack([a[:, 0], np.zeros(200), a[:, 1], a[:, 1]])  # a zero and a duplicated column
     y = rng.random(200)
-    coef = _lsq(design.T @ design, design.T @ y, design, y)
+    coef = normal_lstsq(design.T @ design, design.T @ y, design, y)
     want = np.linalg.lstsq(design, y, rcond=None)[0]  # minimum norm: 0 and an equal split
     np.testing.assert_allclose(coef, want, rtol=1e-9, atol=1e-12)
     assert coef[1] == 0.0
@@ -178,7 +179,7 @@ def test_batched_rwps_equal_one_by_one_solves_without_warnings():
     rng = np.random.default_rng(2)
     n = 300
     counts = rng.poisson(200.0, n).astype(float)
-    problem = _Problem(counts, np.vander(np.linspace(-1, 1, n), 3))
+    problem = LinearProblem(counts, np.vander(np.linspace(-1, 1, n), 3))
     a, b = rng.random(n), rng.random(n)
     designs = np.stack(
         [

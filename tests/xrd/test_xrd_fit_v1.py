@@ -8,7 +8,8 @@ import pytest
 from labrl.envs.xrd.measure import observe
 from labrl.envs.xrd.ranking import ranking_case
 from labrl.envs.xrd.tasks import PhaseIdConfig, build_task_prompt
-from labrl.verifiers.xrd.fit import FitConfig, fit_phase_ids, fit_phases
+from labrl.verifiers.xrd.fit import fit_phase_ids, fit_phases
+from labrl.verifiers.xrd.fit_config import FitConfig
 from labrl.verifiers.xrd.fit_v1 import fraction_mae, zmv_weight_fractions
 from labrl.verifiers.xrd.library import load_library
 from labrl.verifiers.xrd.mixture import Component, Sample, measure

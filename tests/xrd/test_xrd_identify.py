@@ -81,10 +81,6 @@ def test_candidates_one_cif_reader_deduplicated_against_the_library(tmp_path):
         candidate_phases([], "v2")
     with pytest.raises(StructureFileError, match="no such CIF"):
         candidate_phases([tmp_path / "missing.cif"], "none")
-    with pytest.warns(DeprecationWarning):
-        from labrl.verifiers.xrd.cif import phase_from_cif
-
-        assert phase_from_cif(rutile).formula == "TiO2"
 
 
 def test_anode_wavelength_sets_the_doublet_and_unknown_is_monochromatic(tmp_path):

@@ -13,8 +13,9 @@ from pymatgen.core import Lattice, Structure
 from pymatgen.io.cif import CifWriter
 
 from labrl.errors import ConfigError, StructureFileError
-from labrl.verifiers.xrd.build_library import _phase_record, phase_record_v1
+from labrl.verifiers.xrd.build_library import _phase_record
 from labrl.verifiers.xrd.library import _phase_from_record, load_library, resolve_phase
+from labrl.verifiers.xrd.phase_records import phase_record_v1
 from labrl.verifiers.xrd.simulate import stick_pattern
 
 TOL = 1e-6

@@ -63,14 +63,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from labrl.verifiers.xrd.fit import (
-    _COARSE_ZERO_STEP,
-    FitConfig,
-    FitResult,
-    _lsq,
-    _Problem,
-    _translated,
-)
+from labrl.verifiers.xrd.fit_config import FitConfig, FitResult
+from labrl.verifiers.xrd.fit_linear import COARSE_ZERO_STEP, LinearProblem, normal_lstsq, translated
 from labrl.verifiers.xrd.library import Phase
 from labrl.verifiers.xrd.profile import Instrument, chebyshev_basis, phase_sticks, render_phases
 
@@ -139,7 +133,7 @@ def fit_phases_v1(
     opts = config.v1
     grid = np.asarray(two_theta, dtype=float)
     basis = chebyshev_basis(instrument, config.background_degree, grid)
-    problem = _Problem(np.asarray(counts, dtype=float), basis)
+    problem = LinearProblem(np.asarray(counts, dtype=float), basis)
     phases = tuple(phases)
     ids = tuple(p.id for p in phases)
     if len(set(ids)) != len(ids):
@@ -200,7 +194,7 @@ def fit_phases_v1(
         if refine_b:
             extra += [col * s for col, s in zip(render(state.size, state.strain, True), scales, strict=True)]
         a = np.hstack([design, problem.design(extra)])
-        coef = _lsq(a.T @ a, a.T @ problem.y_perp, a, problem.y_perp)[n_phase:]
+        coef = normal_lstsq(a.T @ a, a.T @ problem.y_perp, a, problem.y_perp)[n_phase:]
         start = (state.zero, state.displacement, state.lattice.copy(), state.b_iso.copy())
         live = scales > 0
         lo, hi = 1 - config.max_lattice_strain, 1 + config.max_lattice_strain
@@ -261,9 +255,9 @@ def fit_phases_v1(
     if n_phase:
         if config.max_zero_shift > 0:
             base = np.column_stack(render(state.size, state.strain))
-            n_side = int(np.ceil(config.max_zero_shift / _COARSE_ZERO_STEP))
+            n_side = int(np.ceil(config.max_zero_shift / COARSE_ZERO_STEP))
             trials = np.linspace(-config.max_zero_shift, config.max_zero_shift, 2 * n_side + 1)
-            shifted = problem.project(_translated(base, trials, step) * problem.sw[:, None])
+            shifted = problem.project(translated(base, trials, step) * problem.sw[:, None])
             state.zero = float(trials[int(np.argmin(problem.rwps(shifted)))])
         gauss_newton()
         gauss_newton()

@@ -37,7 +37,9 @@ import numpy as np
 
 from labrl.errors import ConfigError
 from labrl.verifiers.xrd.anomalous import line_for
-from labrl.verifiers.xrd.fit import FitConfig, FitResult, _Problem, fit_phases
+from labrl.verifiers.xrd.fit import fit_phases
+from labrl.verifiers.xrd.fit_config import FitConfig, FitResult
+from labrl.verifiers.xrd.fit_linear import LinearProblem
 from labrl.verifiers.xrd.fit_v1 import sticks_of
 from labrl.verifiers.xrd.library import Phase
 from labrl.verifiers.xrd.profile import Instrument, chebyshev_basis, render_phases
@@ -253,7 +255,7 @@ def candidate_phases(
 
 
 def _screen(
-    problem: _Problem, grid: np.ndarray, instrument: Instrument, phases: list[Phase], size: float
+    problem: LinearProblem, grid: np.ndarray, instrument: Instrument, phases: list[Phase], size: float
 ) -> tuple[np.ndarray, np.ndarray]:
     """(scores (N,), weighted projected broadened columns (n, N)) of every candidate alone."""
     sticks = [sticks_of(p, instrument) for p in phases]
@@ -267,7 +269,7 @@ def _screen(
 
 
 def _beam_search(
-    problem: _Problem, design: np.ndarray, pool: list[int], max_phases: int, beam: int
+    problem: LinearProblem, design: np.ndarray, pool: list[int], max_phases: int, beam: int
 ) -> list[tuple[int, ...]]:
     """Phase sets (indices into the design's columns) kept by the beam at every size, best first per size."""
     frontier: list[tuple[int, ...]] = [()]
@@ -306,7 +308,7 @@ def identify(
     phases, n_cif = candidate_phases(cifs, library, elements)
     grid = pattern.two_theta
     counts = pattern.intensity
-    problem = _Problem(counts, chebyshev_basis(instrument, options.fit.background_degree, grid))
+    problem = LinearProblem(counts, chebyshev_basis(instrument, options.fit.background_degree, grid))
     scores, design = _screen(problem, grid, instrument, phases, options.screen_crystallite_nm)
     order = [int(i) for i in np.argsort(-scores, kind="stable")]
     pool = [*range(n_cif), *(i for i in order[: options.n_screen] if i >= n_cif)]  # best first

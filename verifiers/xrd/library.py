@@ -29,13 +29,15 @@ from typing import Any, Literal
 import numpy as np
 
 from labrl.errors import ConfigError, StructureFileError
-from labrl.verifiers.xrd.build_library import (
-    LIBRARY_PATH,
-    LIBRARY_V1_PATH,
-    LIBRARY_V1_VERSION,
-    LIBRARY_VERSION,
-)
 from labrl.verifiers.xrd.formula import composition_key
+from labrl.verifiers.xrd.phase_records import (
+    LIBRARY_V0_FORMAT,
+    LIBRARY_V0_PATH,
+    LIBRARY_V1_FORMAT,
+    LIBRARY_V1_PATH,
+    merge_unique,
+    phase_record_v1,
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -174,7 +176,7 @@ class PhaseLibrary:
 
 
 LibraryVersion = Literal["v0", "v1"]
-_FILES = {"v0": (LIBRARY_PATH, LIBRARY_VERSION), "v1": (LIBRARY_V1_PATH, LIBRARY_V1_VERSION)}
+_FILES = {"v0": (LIBRARY_V0_PATH, LIBRARY_V0_FORMAT), "v1": (LIBRARY_V1_PATH, LIBRARY_V1_FORMAT)}
 _USER_PHASES: dict[str, Phase] = {}  # user CIF phases of this process, by id (for resolve_phase)
 
 
@@ -262,8 +264,6 @@ def cif_phases(library: PhaseLibrary, paths: Iterable[str | Path]) -> tuple[Phas
     A structure matching a library phase (or an earlier CIF's) is that phase, not a new one:
     the list tells the caller which phases the user asked for either way.
     """
-    from labrl.verifiers.xrd.build_library import merge_unique, phase_record_v1
-
     records: list[dict[str, Any]] = []
     for path in paths:
         for n, structure in enumerate(read_cif(path)):

@@ -29,7 +29,6 @@ detected"), so over NCCL the trainer and a receiver need distinct devices.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -79,10 +78,6 @@ def destroy_custom_group(group: Any) -> None:
     """Release a group (and, with its last reference, the TCPStore rank 0 hosts)."""
     if group is not None:
         dist.destroy_process_group(group)
-
-
-def tensor_bytes(shape: Sequence[int], dtype: torch.dtype) -> int:
-    return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
 
 
 def plan_buckets(sizes: Sequence[int], bucket_bytes: int) -> list[range]:

@@ -2,7 +2,7 @@
 
 Generation: one ``POST /generate`` per request (``input_ids``, log-probs of
 the output tokens, optionally routed experts), routed to a server by the
-pool (``sglang_pool.py``). A request the server aborts (``finish_reason
+pool (``pool.py``). A request the server aborts (``finish_reason
 abort``: a pause in ``abort`` mode, an ``/abort_request``, a restart) is
 resumed from its token prefix: re-submitted with the generated tokens
 appended to the prompt and ``max_new_tokens`` reduced, and the pieces are

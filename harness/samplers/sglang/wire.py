@@ -1,7 +1,7 @@
 """SGLang's HTTP wire format: request payloads and response decoding.
 
-Pure functions, no I/O, so the client (``sglang.py``) and the fake server
-(``fake_server.py``) share one definition of the format and tests pin it
+Pure functions, no I/O, so the client (``sampler.py``) and the fake server
+(``labrl/testing/fake_sglang_server.py``) share one definition of the format and tests pin it
 without a network. Field names follow SGLang 0.5.23 / 0.5.15
 (``GenerateReqInput`` in ``sglang/srt/managers/io_struct.py``):
 
