@@ -73,13 +73,12 @@ from pathlib import Path
 import torch
 
 from labrl.envs import Action, Env, EnvSpec, Message, Observation, StepResult, Task
-from labrl.harness.config import SFTSection
 from labrl.harness.learners import LearnerConfig, MegatronLearner, OptimizerConfig
 from labrl.harness.models.config import MoEModelConfig
 from labrl.harness.objectives import M2PO, OPSM, TIS, IcePop, ObjectiveConfig, TokenMask
 from labrl.harness.rollout.batching import collate
 from labrl.harness.rollout.play import rollout, rollout_group
-from labrl.harness.rollout.sft import run_sft
+from labrl.harness.rollout.sft import SFTSection, run_sft
 from labrl.harness.samplers.local import LocalSampler, LocalSamplerConfig
 from labrl.harness.tokenizer import ByteTokenizer
 from labrl.harness.types import SamplingParams

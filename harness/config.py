@@ -17,12 +17,17 @@ to the component is reachable here without edits):
 - ``sampler``: ``kind``, sampling parameters, ``local`` (``LocalSamplerConfig``
   without seed/pad_token_id) and ``sglang`` (``SGLangSamplerConfig`` without the
   model shape);
-- ``objective`` (``ObjectiveConfig``), ``pipeline`` (the orchestrator's config),
-  ``sft`` (format-only warm start), ``seed``, ``run_dir``.
+- ``objective`` (``ObjectiveConfig``), ``pipeline`` (``PipelineSection`` of
+  ``labrl.harness.pipeline.config``, with ``overlong``, ``OverlongSection`` of
+  ``labrl.harness.pipeline.overlong``), ``sft`` (``SFTSection`` of
+  ``labrl.harness.rollout.sft``: the format-only warm start), ``seed``, ``run_dir``,
+  ``backend`` and ``ray`` (``RaySection``).
 
 ``component_configs`` is the one mapping from a run config to the component
-configs. Keys that moved (``DEPRECATED_KEYS``) still load, with a
-DeprecationWarning naming the new key. Reference: docs/configuration.md.
+configs; ``labrl.harness.effective.effective_values`` says what its ``auto`` and
+mode-derived keys resolve to. Fields marked ``IDENTITY``
+(``labrl.harness.identity``) identify a run for resume. Reference:
+docs/configuration.md.
 
 Override values are parsed as YAML scalars (``lr=3e-4`` is a float,
 ``objective.corrections=[m2po]`` a list). Any unknown key, in the file or in
@@ -36,7 +41,6 @@ import copy
 import difflib
 import math
 import typing
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -46,18 +50,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from labrl.errors import ConfigError
 from labrl.harness.backends.ray.config import RaySection
+from labrl.harness.identity import IDENTITY
 from labrl.harness.learners.config import LearnerConfig, check_reference
-from labrl.harness.learners.config import ReferenceKind as ReferenceKind  # re-exported: public before
 from labrl.harness.models.config import MoEModelConfig, ParallelConfig, get_preset
-from labrl.harness.models.config import Precision as Precision  # re-exported: public before
 from labrl.harness.objectives import ObjectiveConfig
+from labrl.harness.pipeline.config import PipelineSection
+from labrl.harness.rollout.sft import SFTSection
 from labrl.harness.samplers.local import LocalSamplerConfig
-from labrl.harness.samplers.sglang.sampler import SGLangSamplerConfig
+from labrl.harness.samplers.sglang.sampler import MODEL_SHAPE_FIELDS, SGLangSamplerConfig, served_model_shape
 from labrl.harness.types import SamplingParams
 
-Mode = Literal["sync", "one_step_off", "pipeline"]
 Backend = Literal["inprocess", "ray"]
-OverlongMode = Literal["score", "filter", "force"]
 
 
 class _Section(BaseModel):
@@ -65,9 +68,11 @@ class _Section(BaseModel):
 
 
 class EnvSection(_Section):
-    id: str = Field(description="registered env id, e.g. xrd/phase-id-v0")
+    id: str = Field(description="registered env id, e.g. xrd/phase-id-v0", json_schema_extra=IDENTITY)
     options: dict[str, Any] = Field(
-        default_factory=dict, description="constructor overrides for labrl.envs.make"
+        default_factory=dict,
+        description="constructor overrides for labrl.envs.make",
+        json_schema_extra=IDENTITY,
     )
     budgets: dict[str, Any] = Field(
         default_factory=dict, description="Budgets overrides (timeouts, max_turns)"
@@ -84,6 +89,7 @@ class ModelSection(_Section):
         description="start from a Hugging Face MoE checkpoint directory (Qwen3-MoE or Mixtral layout): "
         "the shape comes from its config.json (replacing the preset), the tokenizer from its tokenizer files, "
         "and its weights are loaded before the warm start",
+        json_schema_extra=IDENTITY,
     )
 
     def resolve(self) -> MoEModelConfig:
@@ -146,7 +152,7 @@ def component_section(
 # Fields of each component that the run sets from another section (one source each):
 LEARNER_DERIVED = frozenset({"model", "parallel", "objective", "temperature", "seed"})
 LOCAL_SAMPLER_DERIVED = frozenset({"seed", "pad_token_id"})
-SGLANG_SAMPLER_DERIVED = frozenset({"num_hidden_layers", "moe_layers", "topk"})
+SGLANG_SAMPLER_DERIVED = frozenset(MODEL_SHAPE_FIELDS)
 
 LearnerSection = component_section(LearnerConfig, "LearnerSection", derived=LEARNER_DERIVED)
 LocalSamplerSection = component_section(
@@ -184,101 +190,16 @@ class SamplerSection(_Section):
         return self
 
 
-class OverlongSection(_Section):
-    """What to do with a generation that hit ``max_new_tokens`` (finish_reason ``length``).
-
-    - ``score``: score it as it is;
-    - ``filter``: keep its reward in the group statistics but mask its tokens
-      from the loss (DAPO overlong filtering);
-    - ``force``: append ``cue`` (an end-of-thinking marker) and let the model
-      answer in ``answer_tokens`` more tokens (ScaleRL interruptions); the cue
-      tokens are not trained on.
-
-    ``penalty_tokens`` > 0 adds DAPO's soft length penalty to trainable
-    rewards: ``r += clip(((L_max - c) - L) / c, -penalty, 0)`` with ``c =
-    penalty_tokens`` and ``L`` the number of generated tokens.
-    """
-
-    mode: OverlongMode = "score"
-    cue: str = "\nANSWER:"
-    answer_tokens: int = Field(default=16, ge=1)
-    penalty_tokens: int = Field(default=0, ge=0)
-    penalty: float = Field(default=1.0, ge=0.0)
-
-
-# Upper bounds of sizes that are allocated or started up front: far above any machine's need, low
-# enough that a typo (an extra zero, 1e9) is a ConfigError instead of an OOM or a hang.
-MAX_CONCURRENT_EPISODES = 65_536
-MAX_EVAL_SIZE = 100_000
-MAX_TORCH_THREADS = 1024  # torch.set_num_threads(100000) raises SystemError
-
-
-class PipelineSection(_Section):
-    mode: Mode = "pipeline"
-    batch_groups: int = Field(default=8, ge=1, le=65_536, description="groups (tasks) per learner step")
-    group_size: int = Field(default=8, ge=2, le=4096, description="G: rollouts per task")
-    max_staleness: int = Field(default=4, ge=0, description="admission bound on learner-version lag")
-    max_concurrent_episodes: int = Field(
-        default=256, ge=1, le=MAX_CONCURRENT_EPISODES, description="episodes running at once"
-    )
-    total_steps: int = Field(default=100, ge=1, le=10**8)
-    dynamic_sampling: bool = Field(default=True, description="drop zero-variance groups and oversample")
-    max_oversample_factor: float = Field(
-        default=8.0, ge=1.0, description="stop if more than this many groups per needed group were dropped"
-    )
-    overlong: OverlongSection = Field(default_factory=OverlongSection)
-    eval_every: int = Field(default=10, ge=0, description="0 disables periodic evaluation")
-    eval_size: int = Field(
-        default=64,
-        ge=1,
-        le=MAX_EVAL_SIZE,
-        description="test-split tasks per evaluation (at most max_concurrent_episodes run at once)",
-    )
-    eval_temperature: float = Field(default=0.0, ge=0.0)
-    checkpoint_every: int = Field(
-        default=0, ge=0, description="also checkpoint every N learner steps (0: step-based saving off)"
-    )
-    checkpoint_every_s: float = Field(
-        default=300.0,
-        ge=0.0,
-        description="checkpoint after the first learner step that ends this many seconds after the last "
-        "checkpoint (0: time-based saving off); a SIGKILL loses at most this much training",
-    )
-    torch_threads: int = Field(
-        default=1, ge=1, le=MAX_TORCH_THREADS, description="intra-op threads for each of learner and sampler"
-    )
-    progress: bool = True
-
-    @model_validator(mode="after")
-    def _fit(self) -> PipelineSection:
-        if self.group_size > self.max_concurrent_episodes:
-            raise ValueError(
-                f"pipeline.group_size={self.group_size} exceeds pipeline.max_concurrent_episodes="
-                f"{self.max_concurrent_episodes}: a group's episodes run at once; raise max_concurrent_episodes"
-            )
-        return self
-
-
-class SFTSection(_Section):
-    """Format-only supervised warm start: targets are the env's *random* on-format actions, never gold."""
-
-    enabled: bool = False
-    steps: int = Field(default=100, ge=1)
-    batch_size: int = Field(default=16, ge=1)
-    lr: float = Field(default=1e-3, gt=0)
-    num_prompts: int = Field(default=256, ge=1, description="distinct train prompts to cycle through")
-
-
 class RunConfig(_Section):
     env: EnvSection
     model: ModelSection = Field(default_factory=ModelSection)
-    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig, json_schema_extra=IDENTITY)
     sampler: SamplerSection = Field(default_factory=SamplerSection)
     learner: LearnerSection = Field(default_factory=LearnerSection)  # type: ignore[valid-type]
     objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
     pipeline: PipelineSection = Field(default_factory=PipelineSection)
     sft: SFTSection = Field(default_factory=SFTSection)
-    seed: int = 0
+    seed: int = Field(default=0, json_schema_extra=IDENTITY)
     run_dir: str = Field(
         default="runs/default",
         min_length=1,
@@ -288,11 +209,6 @@ class RunConfig(_Section):
         default="inprocess", description="inprocess: one process; ray: actors on a Ray cluster (docs/ray.md)"
     )
     ray: RaySection = Field(default_factory=RaySection)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _moved_keys(cls, data: object) -> object:
-        return apply_deprecated_keys(data) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
     def _finite_and_consistent(self) -> RunConfig:
@@ -360,53 +276,6 @@ def learnability_warnings(cfg: RunConfig) -> list[str]:
     return out
 
 
-# -- keys that moved (accepted for one release) ----------------------------------
-
-DEPRECATED_KEYS: dict[str, str] = {
-    "sampler.precision": "sampler.local.precision",
-    "sampler.max_batch_size": "sampler.local.max_batch_size",
-    "sampler.batch_wait_s": "sampler.local.batch_wait_s",
-    "sampler.urls": "sampler.sglang.urls",
-    "sampler.weights_dir": "sampler.sglang.export_dir",
-    "learner.lr": "learner.optimizer.lr",
-    "learner.weight_decay": "learner.optimizer.weight_decay",
-    "learner.warmup_steps": "learner.optimizer.warmup_steps",
-    "learner.grad_clip": "learner.optimizer.grad_clip",
-}
-
-
-def apply_deprecated_keys(data: dict[str, Any]) -> dict[str, Any]:
-    """Move every old key of ``DEPRECATED_KEYS`` to its new place, with a DeprecationWarning naming it.
-
-    Setting both the old and the new key is a ``ConfigError``: which one wins would be a guess.
-    """
-    out = dict(data)
-    for old, new in DEPRECATED_KEYS.items():
-        old_path, new_path = old.split("."), new.split(".")
-        parent = out.get(old_path[0])
-        if not isinstance(parent, dict) or old_path[1] not in parent:
-            continue
-        warnings.warn(
-            f"run config key {old} is deprecated and will be removed in the next release: use {new}",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        section = dict(parent)
-        value = section.pop(old_path[1])
-        out[old_path[0]] = section
-        node = out
-        for i, part in enumerate(new_path[:-1]):
-            child = node.get(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"{old} moved to {new}, but {'.'.join(new_path[: i + 1])} is not a section")
-            node[part] = child = dict(child)
-            node = child
-        if new_path[-1] in node:
-            raise ConfigError(f"{old} (deprecated) and {new} are both set: keep only {new}")
-        node[new_path[-1]] = value
-    return out
-
-
 # -- the component configs of a run ------------------------------------------------
 
 
@@ -465,12 +334,7 @@ def component_configs(cfg: RunConfig, *, model: MoEModelConfig, pad_token_id: in
         sampler = _component(
             SGLangSamplerConfig,
             "sampler.sglang",
-            _fields(cfg.sampler.sglang)
-            | {
-                "num_hidden_layers": model.num_layers,
-                "moe_layers": tuple(model.moe_layer_indices),
-                "topk": model.moe_router_topk,
-            },
+            _fields(cfg.sampler.sglang) | served_model_shape(model),
         )
     sampling = SamplingParams(
         max_new_tokens=cfg.sampler.max_new_tokens,
@@ -503,15 +367,38 @@ def _model_fields(
     return current, list(current.model_fields) if current is not None else []
 
 
+def _nested_key(section: type[BaseModel] | None, name: str) -> str | None:
+    """The dotted key of a field called ``name`` in a subsection of ``section`` (``lr`` in ``learner`` ->
+    ``optimizer.lr``): where a key of that name lives one section further down, if anywhere."""
+    if section is None:
+        return None
+    for field in section.model_fields:
+        sub, known = _model_fields(section, (field,))
+        if sub is None:
+            continue
+        if name in known:
+            return f"{field}.{name}"
+        deeper = _nested_key(sub, name)
+        if deeper is not None:
+            return f"{field}.{deeper}"
+    return None
+
+
 def describe_validation_error(exc: ValidationError, root: type[BaseModel], prefix: str = "") -> str:
-    """One message naming every bad dotted key; unknown keys get a did-you-mean."""
+    """One message naming every bad dotted key.
+
+    An unknown key gets a did-you-mean: the same name in a subsection (``learner.lr`` ->
+    ``learner.optimizer.lr``), else the closest sibling (``pipeline.max_stalness`` ->
+    ``pipeline.max_staleness``).
+    """
     parts = []
     for err in exc.errors():
         loc = tuple(err["loc"])
         key = ".".join(str(p) for p in ((prefix,) if prefix else ()) + loc)
         if err["type"] == "extra_forbidden":
-            _, known = _model_fields(root, loc[:-1])
-            close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.5)
+            section, known = _model_fields(root, loc[:-1])
+            nested = _nested_key(section, str(loc[-1]))
+            close = [nested] if nested else difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.5)
             parent = ".".join(str(p) for p in ((prefix,) if prefix else ()) + loc[:-1])
             hint = f"; did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
             parts.append(f"{key}: unknown key{hint} (known: {', '.join(known)})")

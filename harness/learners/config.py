@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from labrl.harness.identity import IDENTITY
 from labrl.harness.models.config import MoEModelConfig, ParallelConfig, get_preset
 from labrl.harness.models.device import DEVICE_PATTERN, PrecisionChoice
 from labrl.harness.objectives import ObjectiveConfig
@@ -99,6 +100,7 @@ class LearnerConfig(BaseModel):
     reference: ReferenceKind = Field(
         default="none",
         description="reference policy for objective.kl_coef > 0: 'initial' freezes the weights at the first train_step",
+        json_schema_extra=IDENTITY,  # whether a checkpoint holds a frozen reference policy
     )
     seed: int = 0
     device: str = Field(

@@ -35,6 +35,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from labrl.errors import ConfigError
+from labrl.harness.identity import IDENTITY
 
 LossKind = Literal["reinforce", "ppo", "cispo", "gspo", "sapo"]
 AdvantageKind = Literal["grpo", "dr_grpo", "rloo", "whiten"]
@@ -169,7 +170,7 @@ class ObjectiveConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    loss: LossKind = "cispo"
+    loss: LossKind = Field(default="cispo", json_schema_extra=IDENTITY)  # resume needs the same family
     eps_low: float | None = Field(
         default=None, gt=0.0, le=1.0, description="lower clip 1 - eps_low; default per loss"
     )

@@ -54,7 +54,6 @@ import torch
 from labrl.envs.base import Env
 from labrl.envs.types import Task
 from labrl.errors import LabrlError
-from labrl.harness.config import PipelineSection
 from labrl.harness.metrics import JsonlWriter, StepTimer
 from labrl.harness.pipeline.admission import AdmissionState, may_start, trained_before_end
 from labrl.harness.pipeline.buffer import Group, GroupBuffer
@@ -67,6 +66,7 @@ from labrl.harness.pipeline.checkpoint import (
     write_checkpoint,
     write_summary,
 )
+from labrl.harness.pipeline.config import PipelineSection
 from labrl.harness.pipeline.errors_log import ErrorLog
 from labrl.harness.pipeline.overlong import process_overlong
 from labrl.harness.pipeline.stats import (
@@ -155,7 +155,7 @@ class Orchestrator:
         # told, after each checkpoint, which groups it leaves to replay (the Ray lab gateway keeps
         # their transcripts and releases the rest)
         self.on_checkpoint = on_checkpoint
-        self.max_staleness = {"sync": 0, "one_step_off": 1}.get(cfg.mode, cfg.max_staleness)
+        self.max_staleness = cfg.effective_max_staleness
         self.defer_weight_sync = cfg.mode == "one_step_off"
         self.buffer = GroupBuffer(cfg.batch_groups, dynamic_sampling=cfg.dynamic_sampling)
         self._task_env = make_env()  # only for make_task (pure); never reset

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
-from labrl.harness.config import OverlongSection
 from labrl.harness.types import (
     NO_VERSION,
     GenerateRequest,
@@ -29,6 +30,32 @@ from labrl.harness.types import (
     SamplerWrapper,
     Trajectory,
 )
+
+OverlongMode = Literal["score", "filter", "force"]
+
+
+class OverlongSection(BaseModel):
+    """What to do with a generation that hit ``max_new_tokens`` (finish_reason ``length``).
+
+    - ``score``: score it as it is;
+    - ``filter``: keep its reward in the group statistics but mask its tokens
+      from the loss (DAPO overlong filtering);
+    - ``force``: append ``cue`` (an end-of-thinking marker) and let the model
+      answer in ``answer_tokens`` more tokens (ScaleRL interruptions); the cue
+      tokens are not trained on.
+
+    ``penalty_tokens`` > 0 adds DAPO's soft length penalty to trainable
+    rewards: ``r += clip(((L_max - c) - L) / c, -penalty, 0)`` with ``c =
+    penalty_tokens`` and ``L`` the number of generated tokens.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mode: OverlongMode = "score"
+    cue: str = "\nANSWER:"
+    answer_tokens: int = Field(default=16, ge=1)
+    penalty_tokens: int = Field(default=0, ge=0)
+    penalty: float = Field(default=1.0, ge=0.0)
 
 
 class BudgetForcingSampler(SamplerWrapper):

@@ -1,31 +1,20 @@
 """What a resumed run must share with the run that wrote its checkpoint, and the logs it truncates.
 
-Identity keys (``run_identity``): a checkpoint is only meaningful for the same
-problem, the same network and the same token ids, so these must match the
-run directory's ``config.yaml`` or the resume is a ``ConfigError`` naming each
-differing key:
-
-=========================  ================================================================
-key                        why
-=========================  ================================================================
-``env.id``                 the task distribution the policy was trained on
-``env.options``            the env's constructor options (tier, pool, answer format, ...)
-``model.shape``            the resolved ``MoEModelConfig`` (preset + overrides or the HF
-                           checkpoint's config): the learner checkpoint's tensors
-``model.init_from_hf``     where the weights and the tokenizer came from
-``tokenizer``              ``bytes`` or the HF tokenizer's directory: the token ids
-``objective.loss``         the objective family (reinforce / ppo / cispo / gspo)
-``learner.reference``      whether the checkpoint holds a frozen reference policy
-``learner.precision``      the dtype of the weights and the optimizer state
-``parallel``               TP / PP / EP sizes: how the checkpoint is sharded
-``seed``                   task and sampling seeds of every group index (trained groups)
-``pipeline.group_size``    G, which the sampling seeds of each group index depend on
-=========================  ================================================================
+Identity keys (``IDENTITY_KEYS``): a checkpoint is only meaningful for the same
+problem, the same network and the same token ids, so these must match the run
+that wrote it or the resume is a ``ConfigError`` naming each differing key.
+They are the config fields marked ``IDENTITY`` where they are declared
+(``labrl.harness.identity``: ``env.id``, ``pipeline.group_size``, ...) and the
+keys ``derived_identity`` resolves: the model shape, the tokenizer and the dtype
+``learner.precision`` resolved to. The previous run's dtype is the one it
+recorded in ``effective.json`` (``labrl.harness.effective``), so an ``auto``
+that would now resolve differently is refused rather than followed. The table
+with the reason for each key is in docs/runs.md.
 
 Every other key is tunable on resume (learning rate and schedule, staleness
 bound, dynamic sampling and oversampling, advantages, corrections, KL
 coefficient, eval cadence and size, checkpoint cadence, total steps, sampler
-settings, ...): ``tunable_changes`` lists the ones that differ, which the runner
+settings, ...): ``check_resume`` returns the ones that differ, which the runner
 prints and appends to ``run_dir/resumes.jsonl``.
 
 Logs (``truncate_run_logs``): the step-indexed JSONL files of a run directory
@@ -44,9 +33,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from labrl.errors import ConfigError
 from labrl.harness.config import RunConfig, build_run_config
+from labrl.harness.effective import EffectiveValues, effective_values
+from labrl.harness.identity import identity_fields
 
 # run-dir file -> the record field that holds its learner step
 STEP_LOGS = {
@@ -57,38 +49,39 @@ STEP_LOGS = {
 }
 RESUMES_LOG = "resumes.jsonl"
 
-IDENTITY_KEYS = (
-    "env.id",
-    "env.options",
-    "model.shape",
-    "model.init_from_hf",
-    "tokenizer",
-    "objective.loss",
-    "learner.reference",
-    "learner.precision",
-    "parallel",
-    "seed",
-    "pipeline.group_size",
-)
+MARKED_IDENTITY = identity_fields(RunConfig)
+# The identity keys a run resolves rather than writes (``derived_identity``), each with the written key
+# it stands for: the written key is neither compared as written nor listed as a tunable change (a
+# changed preset with the same shape, or ``auto`` that resolves to the same dtype, is no change).
+DERIVED_IDENTITY = {
+    "model.shape": "model",
+    "tokenizer": "model.init_from_hf",
+    "learner.precision": "learner.precision",
+}
+IDENTITY_KEYS = tuple(sorted({*MARKED_IDENTITY, *DERIVED_IDENTITY}))
 
 
-def run_identity(cfg: RunConfig) -> dict[str, Any]:
-    """The values of ``IDENTITY_KEYS`` for ``cfg`` (JSON-comparable)."""
-    identity = {
-        "env.id": cfg.env.id,
-        "env.options": dict(cfg.env.options),
+def derived_identity(cfg: RunConfig, effective: EffectiveValues) -> dict[str, Any]:
+    """The keys of ``DERIVED_IDENTITY``: the resolved ``MoEModelConfig`` (preset + overrides, or the HF
+    checkpoint's config), the tokenizer (``bytes`` or the HF directory) and the resolved dtype."""
+    return {
         "model.shape": cfg.model.resolve().model_dump(mode="json"),
-        "model.init_from_hf": cfg.model.init_from_hf,
         "tokenizer": "bytes" if cfg.model.init_from_hf is None else cfg.model.init_from_hf,
-        "objective.loss": cfg.objective.loss,
-        "learner.reference": cfg.learner.reference,
-        "learner.precision": cfg.learner.precision,
-        "parallel": cfg.parallel.model_dump(mode="json"),
-        "seed": cfg.seed,
-        "pipeline.group_size": cfg.pipeline.group_size,
+        "learner.precision": effective.learner_precision,
     }
-    assert tuple(identity) == IDENTITY_KEYS
-    return identity
+
+
+def _json_value(cfg: RunConfig, key: str) -> Any:
+    value: Any = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+
+
+def run_identity(cfg: RunConfig, effective: EffectiveValues) -> dict[str, Any]:
+    """The values of ``IDENTITY_KEYS`` for ``cfg`` resolved as ``effective`` (JSON-comparable)."""
+    values = {key: _json_value(cfg, key) for key in MARKED_IDENTITY} | derived_identity(cfg, effective)
+    return {key: values[key] for key in IDENTITY_KEYS}
 
 
 def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -118,20 +111,35 @@ def previous_config(run_dir: str | Path) -> RunConfig | None:
         ) from None
 
 
-def check_resume(previous: RunConfig, cfg: RunConfig) -> dict[str, tuple[Any, Any]]:
+def check_resume(
+    previous: RunConfig,
+    cfg: RunConfig,
+    *,
+    recorded: EffectiveValues | None = None,
+    effective: EffectiveValues | None = None,
+) -> dict[str, tuple[Any, Any]]:
     """``ConfigError`` naming every identity key that differs; else the tunable keys that differ.
 
+    ``recorded``: what the previous run resolved (its ``effective.json``; None for a
+    run directory without one: ``previous`` is resolved on this machine).
+    ``effective``: what this run resolves (``effective_values(cfg)`` when None).
     Returns ``{dotted key: (old value, new value)}`` over the flattened configs,
     identity keys excluded.
     """
-    old, new = run_identity(previous), run_identity(cfg)
+    old = run_identity(previous, recorded if recorded is not None else effective_values(previous))
+    new = run_identity(cfg, effective if effective is not None else effective_values(cfg))
     differing = [k for k in IDENTITY_KEYS if old[k] != new[k]]
     if differing:
         details = "; ".join(f"{k}: {_describe(old[k])} -> {_describe(new[k])}" for k in differing)
+        dtype = (
+            " (learner.precision compares the dtype it resolved to: set it to the checkpoint's explicitly)"
+            if "learner.precision" in differing
+            else ""
+        )
         raise ConfigError(
             f"cannot resume {cfg.run_dir}: its checkpoint was trained with different "
             f"{', '.join(differing)} ({details}). These keys identify a run (docs/runs.md); "
-            "change them back, or train into a new run_dir"
+            f"change them back{dtype}, or train into a new run_dir"
         )
     before, after = _flat(previous.model_dump(mode="json")), _flat(cfg.model_dump(mode="json"))
     return {
@@ -142,8 +150,8 @@ def check_resume(previous: RunConfig, cfg: RunConfig) -> dict[str, tuple[Any, An
 
 
 def _is_identity(key: str) -> bool:
-    # model.* is the shape (compared resolved above); a changed preset with the same shape is no change
-    return key.startswith(("env.options", "model.", "parallel.")) or key in IDENTITY_KEYS
+    """Whether a written config key is compared as identity (itself, or through a derived key)."""
+    return any(key == k or key.startswith(k + ".") for k in (*MARKED_IDENTITY, *DERIVED_IDENTITY.values()))
 
 
 def _rewrite(path: Path, lines: list[str]) -> None:

@@ -4,6 +4,7 @@
 
     run_dir/
       config.yaml       the resolved config (file + overrides)
+      effective.json    what its auto and mode-derived keys resolved to (labrl.harness.effective)
       sft.jsonl         warm-start loss per step (when sft.enabled)
       metrics.jsonl     one record per learner step
       eval.jsonl        one record per evaluation on the test split
@@ -45,6 +46,7 @@ from labrl.harness.config import (
     dump_run_config,
     learnability_warnings,
 )
+from labrl.harness.effective import effective_values, read_effective, write_effective
 from labrl.harness.metrics import JsonlWriter, LiveProgress, read_jsonl
 from labrl.harness.pipeline.checkpoint import checkpoint_step, write_summary
 from labrl.harness.pipeline.errors_log import ErrorLog
@@ -237,14 +239,16 @@ async def train(cfg: RunConfig, *, fresh: bool = False, progress: bool | None = 
         )
     components = run_components(cfg, tokenizer)  # every component config validated before anything is built
     make_env = make_env_factory(cfg)
+    effective = effective_values(cfg)  # every auto resolved once, before anything is written
     changes: dict[str, tuple[Any, Any]] = {}
     if ckpt is not None:
         previous = previous_config(run_dir)
         if previous is not None:
-            changes = check_resume(previous, cfg)
+            changes = check_resume(previous, cfg, recorded=read_effective(run_dir), effective=effective)
     # -- the run directory --
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_run_config(cfg))
+    write_effective(run_dir, effective)
     resume_step = checkpoint_step(ckpt) if ckpt is not None else -1
     truncate_run_logs(run_dir, resume_step)
     errors = ErrorLog(run_dir)

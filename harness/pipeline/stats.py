@@ -24,9 +24,9 @@ import time
 from collections import Counter
 from typing import Any
 
-from labrl.harness.config import PipelineSection
 from labrl.harness.metrics import percentile
 from labrl.harness.pipeline.buffer import Group, GroupBuffer
+from labrl.harness.pipeline.config import PipelineSection
 from labrl.harness.pipeline.errors_log import FAILED_OUTCOMES
 from labrl.harness.types import NO_VERSION, ReportsSamplerStats, Sampler, Trajectory
 

@@ -24,14 +24,26 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
 from labrl.envs.base import Env
-from labrl.harness.config import SFTSection
 from labrl.harness.learners.precision import adamw_with_precision
 from labrl.harness.models.build import causal_attention_mask
 from labrl.harness.tokenizer import Tokenizer
 
 SFT_SEED_OFFSET = 7_000_000_000  # SFT prompts come from train seeds far from the RL schedule's
+
+
+class SFTSection(BaseModel):
+    """Format-only supervised warm start: targets are the env's *random* on-format actions, never gold."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = False
+    steps: int = Field(default=100, ge=1)
+    batch_size: int = Field(default=16, ge=1)
+    lr: float = Field(default=1e-3, gt=0)
+    num_prompts: int = Field(default=256, ge=1, description="distinct train prompts to cycle through")
 
 
 async def sft_prompts(

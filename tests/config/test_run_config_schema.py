@@ -4,7 +4,8 @@
   and arrives, unchanged, in the config the component is built from;
 - every file in configs/ loads with ``labrl train``'s loader and validates
   into component configs (nothing heavy built);
-- keys that moved still work, with a DeprecationWarning naming the new key;
+- a key that is not in the schema (a stale or misspelt one) fails naming it,
+  with the closest known key;
 - configs/quickstart.yaml resolves to the component configs it resolved to
   before the composition (values captured from main at 895bacc).
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 import json
 import re
 import typing
-import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,11 +24,9 @@ from pydantic import BaseModel
 
 from labrl.errors import ConfigError
 from labrl.harness.config import (
-    DEPRECATED_KEYS,
     LEARNER_DERIVED,
     LOCAL_SAMPLER_DERIVED,
     SGLANG_SAMPLER_DERIVED,
-    PipelineSection,
     RunConfig,
     apply_overrides,
     build_run_config,
@@ -38,6 +36,7 @@ from labrl.harness.config import (
 from labrl.harness.learners.config import LearnerConfig
 from labrl.harness.models.config import ParallelConfig, check_parallel, get_preset
 from labrl.harness.models.device import param_dtype, precision_name
+from labrl.harness.pipeline.config import PipelineSection
 from labrl.harness.samplers.local import LocalSamplerConfig
 from labrl.harness.samplers.sglang.sampler import SGLangSamplerConfig
 from labrl.harness.tokenizer import ByteTokenizer
@@ -203,9 +202,7 @@ def test_the_learner_is_built_from_the_composed_config():
 def test_shipped_config_loads_and_validates(path):
     from labrl.envs import registered_ids
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)  # shipped configs use the current keys
-        cfg = load_run_config(path)
+    cfg = load_run_config(path)
     assert cfg.env.id in registered_ids()
     model_section = cfg.model
     if model_section.init_from_hf is not None and not Path(model_section.init_from_hf).is_dir():
@@ -239,44 +236,48 @@ def test_parallel_sizes_need_cuda_and_a_fitting_world():
     check_parallel(ParallelConfig(tensor_parallel=2, expert_parallel=2), cuda=True, world_size=8)
 
 
-# -- deprecated keys -------------------------------------------------------------
+# -- unknown keys ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("old", "new"), DEPRECATED_KEYS.items(), ids=list(DEPRECATED_KEYS))
-def test_deprecated_key_warns_and_maps(old, new):
-    value = {
-        "sampler.urls": ["http://127.0.0.1:9"],
-        "sampler.weights_dir": "/tmp/w",
-        "sampler.precision": "bf16",
-    }.get(old, 3)
-    kind = ["sampler.kind=sglang"] if new.startswith("sampler.sglang") else []
-    if new == "sampler.sglang.export_dir":
-        kind.append("sampler.sglang.urls=[http://127.0.0.1:9]")
-    with pytest.warns(
-        DeprecationWarning, match=re.escape(f"run config key {old} is deprecated") + ".*" + re.escape(new)
-    ):
-        cfg = build_run_config(apply_overrides(BASE, [*kind, f"{old}={json.dumps(value)}"]))
-    assert _at(cfg, new) == value
+@pytest.mark.parametrize(
+    ("key", "value", "suggestion"),
+    [
+        ("sampler.max_batch_size", 4, "sampler.local.max_batch_size"),  # a key that moved: found below
+        ("learner.lr", 1e-3, "learner.optimizer.lr"),
+        ("sampler.urls", "[http://127.0.0.1:9]", "sampler.sglang.urls"),
+        ("pipeline.max_stalness", 2, "pipeline.max_staleness"),  # a misspelt sibling
+        ("sampler.weights_dir", "/tmp/w", None),
+    ],
+)
+def test_an_unknown_key_names_itself_and_the_closest_known_key(key, value, suggestion):
+    with pytest.raises(ConfigError) as err:
+        build_run_config(apply_overrides(BASE, [f"{key}={value}"]))
+    message = str(err.value)
+    assert f"{key}: unknown key" in message
+    if suggestion is not None:
+        assert f"did you mean {suggestion}?" in message
+    else:
+        assert "did you mean" not in message
 
 
-def test_old_and_new_key_together_is_an_error():
-    with (
-        pytest.warns(DeprecationWarning),
-        pytest.raises(ConfigError, match=re.escape("keep only learner.optimizer.lr")),
-    ):
-        build_run_config(apply_overrides(BASE, ["learner.lr=1e-3", "learner.optimizer.lr=2e-3"]))
+def test_the_deprecated_keys_are_gone():
+    import labrl.harness.config as config
+
+    assert not hasattr(config, "DEPRECATED_KEYS") and not hasattr(config, "apply_deprecated_keys")
 
 
-def test_an_old_style_quickstart_resolves_like_the_new_one(tmp_path):
-    text = (ROOT / "configs" / "quickstart.yaml").read_text()
-    old = text.replace("  local:\n    max_batch_size: 64\n", "  max_batch_size: 64\n").replace(
-        "  optimizer:\n    lr: 1.0e-3", "  lr: 1.0e-3"
-    )
-    assert old != text
-    (tmp_path / "old.yaml").write_text(old)
-    with pytest.warns(DeprecationWarning):
-        before = load_run_config(tmp_path / "old.yaml")
-    assert before == load_run_config(ROOT / "configs" / "quickstart.yaml")
+def test_each_section_lives_with_its_component():
+    """The pipeline and rollout modules import no section from the run config that composes them."""
+    import ast
+
+    upward = []
+    for path in sorted((ROOT / "harness").glob("*/*.py")):
+        if path.parent.name not in ("pipeline", "rollout"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "labrl.harness.config":
+                upward += [f"{path.name}: {a.name}" for a in node.names if a.name.endswith("Section")]
+    assert upward == []
 
 
 # -- the quickstart did not change -----------------------------------------------
@@ -331,30 +332,7 @@ def test_quickstart_resolves_to_the_captured_component_configs(name):
     assert get_preset("tiny-moe") != c.model  # the overrides were applied
 
 
-def test_the_reference_lists_every_key_and_every_deprecation():
+def test_the_reference_lists_every_key():
     doc = (ROOT / "docs" / "configuration.md").read_text()
     missing = [key for key, _, _ in _leaves(RunConfig, "", frozenset()) if f"`{key.lstrip('.')}`" not in doc]
     assert not missing, f"docs/configuration.md lacks {missing}"
-    assert all(f"| `{old}` | `{new}` |" in doc for old, new in DEPRECATED_KEYS.items())
-
-
-def test_the_cli_shows_the_deprecation_to_its_user(tmp_path):
-    """Python hides DeprecationWarning outside __main__: the CLI's warning set-up shows labrl's own."""
-    import subprocess
-    import sys
-
-    path = tmp_path / "old.yaml"
-    path.write_text("env: {id: test/letter-v0}\nsampler: {max_batch_size: 4}\n")
-    code = (
-        "from labrl._warnings import quiet_expected_warnings; quiet_expected_warnings()\n"
-        "from labrl.harness.config import load_run_config\n"
-        f"print(load_run_config({str(path)!r}).sampler.local.max_batch_size)"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
-    )
-    assert out.stdout.strip() == "4"
-    assert (
-        "sampler.max_batch_size is deprecated" in out.stderr
-        and "use sampler.local.max_batch_size" in out.stderr
-    )

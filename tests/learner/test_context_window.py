@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 from labrl_test_envs import EndlessToolEnv
 
-from labrl.harness.config import OverlongSection
-from labrl.harness.pipeline.overlong import process_overlong
+from labrl.harness.pipeline.overlong import OverlongSection, process_overlong
 from labrl.harness.rollout.play import rollout, rollout_group
 from labrl.harness.samplers import LocalSampler, LocalSamplerConfig
 from labrl.harness.tokenizer import ByteTokenizer

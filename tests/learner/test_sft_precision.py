@@ -8,11 +8,10 @@ import pytest
 import torch
 
 from labrl.envs import make
-from labrl.harness.config import SFTSection
 from labrl.harness.learners import LearnerConfig, MegatronLearner
 from labrl.harness.learners import precision as prec
 from labrl.harness.models import get_preset
-from labrl.harness.rollout.sft import run_sft
+from labrl.harness.rollout.sft import SFTSection, run_sft
 from labrl.harness.tokenizer import ByteTokenizer
 
 SMALL = get_preset("tiny-moe").model_copy(

@@ -9,8 +9,8 @@ import torch
 from pipeline_fakes import BigramLearner, BigramSampler, LetterEnv
 
 from labrl.errors import SamplerError
-from labrl.harness.config import PipelineSection
 from labrl.harness.pipeline import Orchestrator, PipelineStalledError, latest_checkpoint
+from labrl.harness.pipeline.config import PipelineSection
 from labrl.harness.tokenizer import ByteTokenizer
 from labrl.harness.types import NO_VERSION, SamplingParams
 

@@ -8,7 +8,7 @@ import pytest
 from pipeline_fakes import BigramSampler
 
 from labrl.errors import ConfigError
-from labrl.harness.config import OverlongSection, apply_overrides, build_run_config, load_run_config
+from labrl.harness.config import apply_overrides, build_run_config, load_run_config
 from labrl.harness.pipeline import (
     AdmissionState,
     BudgetForcingSampler,
@@ -20,6 +20,7 @@ from labrl.harness.pipeline import (
     process_overlong,
 )
 from labrl.harness.pipeline.admission import trained_before_end
+from labrl.harness.pipeline.overlong import OverlongSection
 from labrl.harness.types import NO_VERSION, GenerateRequest, SamplingParams, Trajectory
 
 

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from labrl.errors import ConfigError, RunFailedError
-from labrl.harness.config import PipelineSection, apply_overrides, build_run_config
+from labrl.harness.config import apply_overrides, build_run_config
 from labrl.harness.metrics import summary_line
+from labrl.harness.pipeline.config import PipelineSection
 from labrl.harness.pipeline.resume import IDENTITY_KEYS, check_resume, truncate_run_logs
 from labrl.harness.pipeline.runner import train
 from labrl.harness.report import write_report

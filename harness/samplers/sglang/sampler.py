@@ -106,6 +106,19 @@ def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
+# The fields of SGLangSamplerConfig that describe the served model, which is the trained one.
+MODEL_SHAPE_FIELDS = ("num_hidden_layers", "moe_layers", "topk")
+
+
+def served_model_shape(model_cfg: Any) -> dict[str, Any]:
+    """``MODEL_SHAPE_FIELDS`` of a ``MoEModelConfig``: every decoder layer, the MoE layers' indices, top-k."""
+    return {
+        "num_hidden_layers": model_cfg.num_layers,
+        "moe_layers": tuple(model_cfg.moe_layer_indices),
+        "topk": model_cfg.moe_router_topk,
+    }
+
+
 class SGLangSamplerConfig(BaseModel):
     """Everything the client needs; no live objects (serialisable). The ``sampler.sglang`` block.
 
@@ -192,13 +205,7 @@ class SGLangSamplerConfig(BaseModel):
 
     def with_model(self, cfg: Any) -> SGLangSamplerConfig:
         """Fill the model-shape fields from a ``MoEModelConfig`` (the served model is the trained one)."""
-        return self.model_copy(
-            update={
-                "num_hidden_layers": cfg.num_layers,
-                "moe_layers": tuple(cfg.moe_layer_indices),
-                "topk": cfg.moe_router_topk,
-            }
-        )
+        return self.model_copy(update=served_model_shape(cfg))
 
     def torch_export_dtype(self) -> torch.dtype | None:
         return None if self.export_dtype == "auto" else getattr(torch, self.export_dtype)
