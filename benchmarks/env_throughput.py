@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import multiprocessing as mp
 import random
 import resource
 import statistics
 import time
-from pathlib import Path
 from typing import Any
+
+from _results import RESULTS, pyplot, save_figure, write_json  # beside this script
 
 from labrl.envs import (
     Action,
@@ -44,7 +44,6 @@ from labrl.envs import (
 from labrl.envs.types import Budgets
 from labrl.runtime import tune_gc_for_many_episodes
 
-RESULTS = Path(__file__).parent / "results"
 P99_OVER_P50 = 20.0
 Z99 = 2.3263478740408408  # standard normal 99th percentile
 STEPS_PER_EPISODE = 4
@@ -189,8 +188,7 @@ def main() -> None:
                     f" p99 {row['overhead_p99_ms']:7.2f} ms, peak RSS {row['peak_rss_mib']:6.0f} MiB",
                     flush=True,
                 )
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "env_throughput.json").write_text(json.dumps(rows, indent=2))
+    write_json("env_throughput", rows)
     print(
         "\n| latency | concurrency | steps/s | ideal | % of ideal | overhead p50 (ms) | overhead p99 (ms) | peak RSS (MiB) |"
     )
@@ -211,10 +209,7 @@ def main() -> None:
 
 
 def _plot(rows: list[dict[str, Any]]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     for latency in sorted({r["latency"] for r in rows}):
@@ -245,8 +240,7 @@ def _plot(rows: list[dict[str, Any]]) -> None:
     )
     ax1.legend()
     ax2.legend()
-    fig.tight_layout()
-    fig.savefig(RESULTS / "env_throughput.png", dpi=120)
+    save_figure(fig, RESULTS / "env_throughput.png")
 
 
 if __name__ == "__main__":

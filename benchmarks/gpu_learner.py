@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 
 import torch
+from _results import RESULTS  # beside this script
 
 from labrl._warnings import quiet_expected_warnings
 from labrl.harness.learners import LearnerConfig, MegatronLearner
@@ -51,7 +52,6 @@ from labrl.harness.models import MoEModelConfig, get_preset
 from labrl.harness.rollout.batching import collate
 from labrl.harness.types import Trajectory
 
-RESULTS = Path(__file__).parent / "results"
 QUICKSTART_MODEL = get_preset("tiny-moe").model_copy(
     update={
         "max_sequence_length": 256,

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import json
 import logging
 import os
 import tempfile
@@ -27,6 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _results import RESULTS, pyplot, save_figure, write_json  # beside this script
 
 from labrl.lab_adapters.job_journal import Journal
 from labrl.lab_adapters.journaled_lab import JournaledLab, JournaledLabConfig
@@ -34,7 +34,6 @@ from labrl.lab_adapters.mock.process import MockLabProcess
 from labrl.lab_adapters.mock.server import FaultConfig, MockLabConfig
 from labrl.lab_adapters.rest import RestLabAdapter, RestLabConfig
 
-RESULTS = Path(__file__).parent / "results"
 TOKEN = "bench-token"
 
 
@@ -175,12 +174,8 @@ def main() -> None:
         f"faults/baseline: throughput x{fault['jobs_per_s'] / base['jobs_per_s']:.2f}, "
         f"p99 x{fault['p99_s'] / base['p99_s']:.2f}"
     )
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "lab_adapter.json").write_text(json.dumps(rows, indent=1))
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    write_json("lab_adapter", rows, indent=1)
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for r in rows:
@@ -189,8 +184,7 @@ def main() -> None:
     ax.set_ylabel("jobs")
     ax.set_title(f"{args.jobs} concurrent lab jobs, median lab latency {args.latency:g} s")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(RESULTS / "lab_adapter.png", dpi=120)
+    save_figure(fig, RESULTS / "lab_adapter.png")
 
 
 if __name__ == "__main__":

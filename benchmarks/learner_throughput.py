@@ -13,19 +13,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
-from pathlib import Path
 
 import torch
+from _results import write_json  # beside this script
 
 from labrl.harness.learners import LearnerConfig, MegatronLearner
 from labrl.harness.models import causal_attention_mask, get_preset
 from labrl.harness.rollout.batching import collate
 from labrl.harness.samplers import LocalSampler, LocalSamplerConfig
 from labrl.harness.types import GenerateRequest, SamplingParams, Trajectory
-
-RESULTS = Path(__file__).parent / "results"
 
 
 def main() -> None:
@@ -104,8 +101,7 @@ def main() -> None:
     out["parameters"] = float(learner.num_parameters)
     for k, v in out.items():
         print(f"{k:<32} {v:>12.3f}")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "learner_throughput.json").write_text(json.dumps(out, indent=2))
+    write_json("learner_throughput", out)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,11 @@ Prints two tables and writes benchmarks/results/objectives.json and objectives_m
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import torch
+from _results import RESULTS, pyplot, save_figure, write_json  # beside this script
 
 from labrl.harness.objectives import (
     M2PO,
@@ -35,8 +35,6 @@ from labrl.harness.objectives import (
     policy_loss,
     prepare,
 )
-
-RESULTS = Path(__file__).parent / "results"
 
 
 def synthetic(B: int, T: int, sigma: float, seed: int = 0) -> tuple[ObjectiveInputs, torch.Tensor]:
@@ -152,19 +150,14 @@ def main() -> None:
     for r in masking:
         print(f"{r['sigma']:6.2f} " + " ".join(f"{r[k]:13.4f}" for k in keys))
 
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / "objectives.json"
-    path.write_text(json.dumps({"tokens": args.tokens, "cost": cost, "masking": masking}, indent=2))
+    path = write_json("objectives", {"tokens": args.tokens, "cost": cost, "masking": masking})
     png = RESULTS / "objectives_masking.png"
     plot_masking(masking, png)
     print(f"\nwrote {path} and {png}")
 
 
 def plot_masking(masking: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     sigmas = [r["sigma"] for r in masking]
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -176,9 +169,7 @@ def plot_masking(masking: list[dict], path: Path) -> None:
     ax.set_ylabel("fraction of valid tokens")
     ax.set_title("tokens truncated (TIS) or removed (masks), applied in order")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -26,9 +26,10 @@ import sys
 import time
 from pathlib import Path
 
+from _results import RESULTS, pyplot, save_figure  # beside this script
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "quickstart.yaml"
-RESULTS = ROOT / "benchmarks" / "results"
 THRESHOLD = 0.80
 
 
@@ -136,10 +137,7 @@ def merge(tag: str) -> dict:
     )
     (out_dir.parent / f"{out_dir.name}.json").write_text(json.dumps(summary, indent=2))
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for r in results:
@@ -154,8 +152,7 @@ def merge(tag: str) -> dict:
         f"quickstart over seeds: {summary['at_or_above_threshold']}/{summary['finished']} >= {THRESHOLD}"
     )
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(out_dir.parent / f"{out_dir.name}.png", dpi=100)
+    save_figure(fig, out_dir.parent / f"{out_dir.name}.png", dpi=100)
     print(f"wrote {out_dir.parent / (out_dir.name + '.json')} and .png")
     return summary
 

@@ -21,19 +21,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
-from pathlib import Path
 
 import torch
+from _results import RESULTS, pyplot, save_figure, write_json  # beside this script
 
 from labrl.harness.learners import LearnerConfig, MegatronLearner
 from labrl.harness.models import get_preset
 from labrl.harness.rollout.batching import collate
 from labrl.harness.samplers import LocalSampler, LocalSamplerConfig
 from labrl.harness.types import GenerateRequest, SamplingParams, Trajectory
-
-RESULTS = Path(__file__).parent / "results"
 
 
 def make_batch(sampler: LocalSampler, batch_size: int, prompt_len: int, new_tokens: int, seed: int):
@@ -135,12 +132,8 @@ def main() -> None:
             f"{m['is_ratio_std']:>8.4f} {m['is_ratio_q01']:>8.4f} {m['is_ratio_q99']:>8.4f}"
         )
     print(f"router replay cuts mismatch KL by {ratio:.2f}x ({meta['wall_s']:.0f} s)")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "router_replay.json").write_text(json.dumps({"meta": meta, **report}, indent=2))
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    write_json("router_replay", {"meta": meta, **report})
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for mode, color in (("no_replay", "tab:red"), ("replay", "tab:blue")):
@@ -148,8 +141,7 @@ def main() -> None:
     ax.set_xlabel("log(pi_learner fp32 / pi_sampler bf16) per token")
     ax.set_title(f"tiny-moe: router replay cuts mismatch KL {ratio:.1f}x")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(RESULTS / "router_replay.png", dpi=120)
+    save_figure(fig, RESULTS / "router_replay.png")
 
 
 if __name__ == "__main__":

@@ -18,15 +18,13 @@ this runs: compare the ratios within one run, not absolute numbers across runs.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from pathlib import Path
+
+from _results import RESULTS, pyplot, save_figure, write_json  # beside this script
 
 from labrl.envs.judged import load_tasks
 from labrl.verifiers.rubric import JudgeCache, JudgeClient, JudgeConfig, RubricGrader
 from labrl.verifiers.rubric.mock_judge import serve_in_thread
-
-RESULTS = Path(__file__).parent / "results"
 
 
 async def run(base_url: str, batch: str, concurrency: int, repeats: int = 3) -> dict[str, float]:
@@ -73,12 +71,8 @@ def main() -> None:
             f"{r['batch']:<9} {r['max_concurrency']:>4} {r['responses']:>5} {r['judge_requests']:>8} "
             f"{r['cold_responses_per_s']:>11.1f} {r['cold_responses_per_s'] / base:>7.2f} {r['warm_responses_per_s']:>11.1f}"
         )
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "rubric_judge.json").write_text(json.dumps(rows, indent=2))
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    write_json("rubric_judge", rows)
+    plt = pyplot()
 
     labels = [f"{r['batch']}\nconc {r['max_concurrency']}" for r in rows]
     fig, ax = plt.subplots(figsize=(6, 3.2))
@@ -90,8 +84,7 @@ def main() -> None:
     ax.set_yscale("log")
     ax.legend()
     ax.set_title("rubric grading vs mock judge (loopback)")
-    fig.tight_layout()
-    fig.savefig(RESULTS / "rubric_judge.png", dpi=120)
+    save_figure(fig, RESULTS / "rubric_judge.png")
 
 
 if __name__ == "__main__":

@@ -17,18 +17,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import time
 from pathlib import Path
 
 import torch
+from _results import RESULTS, pyplot, save_figure, write_json  # beside this script
 
 from labrl.harness.models import get_preset
 from labrl.harness.samplers import LocalSampler, LocalSamplerConfig
 from labrl.harness.types import GenerateRequest, SamplingParams
-
-RESULTS = Path(__file__).parent / "results"
 
 
 def make_requests(n: int, seed: int) -> list[GenerateRequest]:
@@ -128,17 +126,13 @@ def main() -> None:
             f"{load:7} continuous/waves: tokens/s x{r['tokens_per_s']:.2f}, mean latency x{r['latency_mean_s']:.2f}, "
             f"p90 latency x{r['latency_p90_s']:.2f}"
         )
-    RESULTS.mkdir(exist_ok=True)
     out = {"args": vars(args), "summary": summary, "runs": rows}
-    (RESULTS / "sampler_batching.json").write_text(json.dumps(out, indent=1))
+    write_json("sampler_batching", out, indent=1)
     plot(summary, RESULTS / "sampler_batching.png")
 
 
 def plot(summary: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     loads = list(summary)
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
@@ -157,8 +151,7 @@ def plot(summary: dict, path: Path) -> None:
         ax.set_ylabel(label)
     axes[0].legend()
     fig.suptitle("LocalSampler on tiny-moe (CPU, contended): continuous batching vs waves")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path, dpi=100)
 
 
 if __name__ == "__main__":

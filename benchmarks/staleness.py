@@ -71,6 +71,7 @@ from collections import deque
 from pathlib import Path
 
 import torch
+from _results import RESULTS, pyplot, save_figure  # beside this script
 
 from labrl.envs import Action, Env, EnvSpec, Message, Observation, StepResult, Task
 from labrl.harness.learners import LearnerConfig, MegatronLearner, OptimizerConfig
@@ -83,7 +84,6 @@ from labrl.harness.samplers.local import LocalSampler, LocalSamplerConfig
 from labrl.harness.tokenizer import ByteTokenizer
 from labrl.harness.types import SamplingParams
 
-RESULTS = Path(__file__).parent / "results"
 LETTERS = string.ascii_uppercase[:8]
 # cell -> (objective, learner overrides); see the module docstring for the exact definitions.
 CORRECTIONS: dict[str, tuple[ObjectiveConfig, dict]] = {
@@ -368,10 +368,7 @@ def render(rows: list[dict], out: Path) -> None:
     tasks = sorted({r.get("task", "copy") for r in rows})
     for task in tasks:
         _table(task, [r for r in rows if r.get("task", "copy") == task])
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(len(tasks), 3, figsize=(16, 4 * len(tasks)), squeeze=False)
     for (ax, ax_curve, ax_frac), task in zip(axes, tasks, strict=True):
@@ -418,8 +415,7 @@ def render(rows: list[dict], out: Path) -> None:
         ax_frac.set_ylabel(f"token fraction at k={max(ks)}")
         if ax_frac.get_legend_handles_labels()[0]:
             ax_frac.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(out.with_suffix(".png"), dpi=100)
+    save_figure(fig, out.with_suffix(".png"), dpi=100)
 
 
 def _partial_table(partial: list[dict]) -> None:

@@ -45,15 +45,14 @@ import json
 import os
 import platform
 import time
-from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import numpy as np
+from _results import RESULTS, write_json  # beside this script
 
-RESULTS = Path(__file__).with_name("results")
 FIRST_SEED = 1000
 MATCH_TOL = 0.1  # degrees 2θ
 STRONG_LINE = 0.05
@@ -329,7 +328,7 @@ def main() -> int:
             "parts": [p.name for p in parts],
             "machine": platform.platform(),
         }
-        (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=1))
+        write_json(stem, out, indent=1)
         print(table(summary))
         return 0
     i, n = (int(v) for v in args.part.split("/"))

@@ -30,15 +30,13 @@ import json
 import os
 import platform
 import time
-from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import numpy as np
-
-RESULTS = Path(__file__).with_name("results")
+from _results import RESULTS, pyplot, save_figure, write_json  # beside this script
 
 
 def bench_sticks() -> dict:
@@ -343,15 +341,11 @@ def main() -> None:
     print(f"profile, 576 sites Mo Ka: {prof['total_s']:.2f} s")
     for name, v in sorted(prof["steps"].items(), key=lambda kv: -kv[1]["self_s"]):
         print(f"  {name:<24} self {v['self_s']:.3f} s  cumulative {v['cumulative_s']:.3f} s")
-    RESULTS.mkdir(parents=True, exist_ok=True)
     per = s.pop("_per_structure", None)
-    path.write_text(json.dumps(out, indent=2))
+    write_json("xrd_sim", out)
     if per is None:  # sticks not measured in this run: keep the earlier plot
         return
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.scatter(per["sites"], per["pymatgen_ms"], s=6, label="pymatgen XRDCalculator")
@@ -363,8 +357,7 @@ def main() -> None:
         title="XRD stick patterns (1 thread)",
     )
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(RESULTS / "xrd_sim.png", dpi=120)
+    save_figure(fig, RESULTS / "xrd_sim.png")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from labrl.harness.pipeline.errors_log import FAILED_OUTCOMES
 
 XAxis = Literal["step", "time"]
 X_LABELS = {"step": "learner step", "time": "wall-clock of training (min)"}
+FRACTION_YLIM = (-0.02, 1.02)  # a fraction axis, with room for lines that sit on 0 or 1
 
 
 @dataclass
@@ -80,15 +81,21 @@ def error_rates(rows: list[dict]) -> dict[str, float]:
     return out
 
 
+def staleness_counts(rows: list[dict]) -> Counter[int]:
+    """Trained tokens per staleness (learner versions behind), summed over the steps' histograms."""
+    stale: Counter[int] = Counter()
+    for r in rows:
+        for k, n in (r.get("staleness/hist") or {}).items():
+            stale[int(k)] += n
+    return stale
+
+
 def summarise(rows: list[dict], evals: list[dict]) -> str:
     if not rows:
         return "no learner steps recorded"
     last = rows[-1]
     tail = rows[-max(1, len(rows) // 10) :]
-    stale = Counter()
-    for r in rows:
-        for k, n in (r.get("staleness/hist") or {}).items():
-            stale[int(k)] += n
+    stale = staleness_counts(rows)
     total_tokens = sum(stale.values())
     mean_stale = sum(k * n for k, n in stale.items()) / total_tokens if total_tokens else 0.0
     lines = [
@@ -129,7 +136,22 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, x: XAxis
     report = Report(summary="")
     xlabel = X_LABELS[x]
 
-    def save(fig, ax, name: str) -> None:
+    def save(
+        fig,
+        ax,
+        name: str,
+        *,
+        title: str,
+        ylabel: str,
+        xlabel: str = xlabel,
+        ylim: tuple[float, float] | None = None,
+    ) -> None:
+        """Label ``ax``, then write ``fig`` as ``out_dir/name`` and record its axes in the report."""
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        if ylim is not None:
+            ax.set_ylim(*ylim)
+        ax.set_title(title)
         path = out_dir / name
         fig.tight_layout()
         fig.savefig(path, dpi=100)
@@ -147,46 +169,49 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, x: XAxis
             else [t / 60 for t in monotone_time([float(e.get("time_s") or 0.0) for e in evals])]
         )
         ax.plot(ex, [e["accuracy"] for e in evals], "o-", label="held-out accuracy")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("reward / accuracy")
-    ax.set_ylim(-0.02, 1.02)
     ax.legend()
-    ax.set_title("reward and accuracy")
-    save(fig, ax, "reward.png")
+    save(fig, ax, "reward.png", title="reward and accuracy", ylabel="reward / accuracy", ylim=FRACTION_YLIM)
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for outcome in FAILED_OUTCOMES:
         ax.plot(*_series(rows, f"errors/{outcome}_frac", x), label=outcome)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("fraction of episodes finished")
-    ax.set_ylim(-0.02, 1.02)
     ax.legend(fontsize=8)
-    ax.set_title("failed episodes (env / verifier / timeout) per step")
-    save(fig, ax, "errors.png")
+    save(
+        fig,
+        ax,
+        "errors.png",
+        title="failed episodes (env / verifier / timeout) per step",
+        ylabel="fraction of episodes finished",
+        ylim=FRACTION_YLIM,
+    )
 
-    stale = Counter()
-    for r in rows:
-        for k, n in (r.get("staleness/hist") or {}).items():
-            stale[int(k)] += n
+    stale = staleness_counts(rows)
     fig, ax = plt.subplots(figsize=(6, 4))
     if stale:
         ks = sorted(stale)
         ax.bar(ks, [stale[k] for k in ks])
-    ax.set_xlabel("staleness (learner versions)")
-    ax.set_ylabel("tokens")
-    ax.set_title("per-token staleness at training")
-    save(fig, ax, "staleness.png")
+    save(
+        fig,
+        ax,
+        "staleness.png",
+        title="per-token staleness at training",
+        ylabel="tokens",
+        xlabel="staleness (learner versions)",
+    )
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for key in sorted(k for k in rows[-1] if k.startswith("ratio/q")):
         ax.plot(*_series(rows, key, x), label=key.removeprefix("ratio/"))
     ax.set_yscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("ratio (log scale)")
-    ax.set_title("behaviour IS ratio exp(logp_old - logp_mu): quantiles")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
-    save(fig, ax, "is_ratio.png")
+    save(
+        fig,
+        ax,
+        "is_ratio.png",
+        title="behaviour IS ratio exp(logp_old - logp_mu): quantiles",
+        ylabel="ratio (log scale)",
+    )
 
     fig, ax = plt.subplots(figsize=(7, 4))
     xs, kept = _series(rows, "corrections/kept_frac", x)
@@ -210,26 +235,17 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, x: XAxis
             [z / max(1.0, z + a) for z, a in zip(zv, added, strict=True)],
             label="groups zero-variance (cumulative)",
         )
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("fraction")
-    ax.set_ylim(-0.02, 1.02)
     ax.legend(fontsize=8)
-    ax.set_title("masked and clipped fractions")
-    save(fig, ax, "masked.png")
+    save(fig, ax, "masked.png", title="masked and clipped fractions", ylabel="fraction", ylim=FRACTION_YLIM)
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for q in ("p50", "p90", "p99"):
         ax.plot(*_series(rows, f"env_latency/{q}", x), label=q)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("env latency (s)")
     ax.legend()
-    ax.set_title("env latency per episode")
-    save(fig, ax, "env_latency.png")
+    save(fig, ax, "env_latency.png", title="env latency per episode", ylabel="env latency (s)")
 
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(*_series(rows, "throughput/tokens_per_s", x), label="generated tokens/s")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("generated tokens / s")
     ax2 = ax.twinx()
     ax2.plot(*_series(rows, "busy/learner", x), "g--", label="learner busy")
     ax2.plot(*_series(rows, "busy/sampler", x), "r--", label="sampler busy")
@@ -237,8 +253,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, x: XAxis
     ax2.set_ylim(0, 1.05)
     ax.legend(loc="upper left", fontsize=8)
     ax2.legend(loc="upper right", fontsize=8)
-    ax.set_title("throughput")
-    save(fig, ax, "throughput.png")
+    save(fig, ax, "throughput.png", title="throughput", ylabel="generated tokens / s")
 
     report.summary = summarise(rows, evals)
     (out_dir / "summary.txt").write_text(report.summary + "\n")

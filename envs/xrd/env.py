@@ -248,38 +248,31 @@ class PhaseIdEnv(Env):
         return Action(text=self.random_text(task, rng))
 
 
+def _required_object(**properties: dict[str, Any]) -> dict[str, Any]:
+    """JSON schema of a tool's arguments: an object with every one of ``properties`` required."""
+    return {"type": "object", "properties": properties, "required": list(properties)}
+
+
 _TOOLS = (
     ToolSpec(
         name="search_phases",
         description="Phases of the library made only of the given elements (id, formula, space group).",
-        parameters={
-            "type": "object",
-            "properties": {"elements": {"type": "array", "items": {"type": "string"}}},
-            "required": ["elements"],
-        },
+        parameters=_required_object(elements={"type": "array", "items": {"type": "string"}}),
     ),
     ToolSpec(
         name="simulate",
         description="The strongest Cu Ka peaks (2θ, relative intensity) of a library phase.",
-        parameters={
-            "type": "object",
-            "properties": {"phase_id": {"type": "string"}},
-            "required": ["phase_id"],
-        },
+        parameters=_required_object(phase_id={"type": "string"}),
     ),
     ToolSpec(
         name="fit",
         description="Fit phases to the measured pattern: Rwp, background-only Rwp and weight fractions.",
-        parameters={
-            "type": "object",
-            "properties": {"phase_ids": {"type": "array", "items": {"type": "string"}}},
-            "required": ["phase_ids"],
-        },
+        parameters=_required_object(phase_ids={"type": "array", "items": {"type": "string"}}),
     ),
     ToolSpec(
         name="submit",
         description="Submit the final answer: {'phases': [{'formula', 'space_group', 'weight_fraction'}]}.",
-        parameters={"type": "object", "properties": {"answer": {}}, "required": ["answer"]},
+        parameters=_required_object(answer={}),
     ),
 )
 _SEARCH_LIMIT = 25

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -60,12 +60,26 @@ class _Correction(BaseModel):
         return str(getattr(self, "kind"))  # noqa: B009 - every subclass defines kind
 
 
-def _check_band(kind: str, low: float, high: float) -> None:
-    # A band that excludes 1 would mask perfectly on-policy tokens.
-    if not (low <= 1.0 <= high):
-        raise ValueError(
-            f"{kind} needs low <= 1 <= high so on-policy tokens are kept (got low={low}, high={high})"
-        )
+class _BandCorrection(_Correction):
+    """A correction that keeps what has its ratio in ``[low, high]``; the band must hold 1.
+
+    Subclasses declare ``kind``, ``low`` and ``high`` themselves, so the fields keep
+    that order in a written config.
+    """
+
+    if TYPE_CHECKING:
+        low: float
+        high: float
+
+    @model_validator(mode="after")
+    def _band(self) -> Self:
+        # A band that excludes 1 would mask perfectly on-policy tokens.
+        if not (self.low <= 1.0 <= self.high):
+            raise ValueError(
+                f"{self.name} needs low <= 1 <= high so on-policy tokens are kept "
+                f"(got low={self.low}, high={self.high})"
+            )
+        return self
 
 
 class TIS(_Correction):
@@ -93,20 +107,15 @@ class TIS(_Correction):
         return f"tis_{self.level}"
 
 
-class TokenMask(_Correction):
+class TokenMask(_BandCorrection):
     """Token mask ("MIS"): drop tokens with ``w_t`` outside ``[low, high]``; kept tokens keep weight 1."""
 
     kind: Literal["token_mask"] = "token_mask"
     low: float = Field(default=0.5, gt=0.0)
     high: float = Field(default=5.0, gt=0.0)
 
-    @model_validator(mode="after")
-    def _band(self) -> TokenMask:
-        _check_band("token_mask", self.low, self.high)
-        return self
 
-
-class IcePop(_Correction):
+class IcePop(_BandCorrection):
     """IcePop (Ring-1T): ``weight_t = w_t`` if ``low <= w_t <= high`` else 0 (stop-gradient).
 
     Unlike ``TokenMask`` the kept tokens are importance-weighted by the
@@ -119,11 +128,6 @@ class IcePop(_Correction):
     low: float = Field(default=0.5, gt=0.0)
     high: float = Field(default=5.0, gt=0.0)
 
-    @model_validator(mode="after")
-    def _band(self) -> IcePop:
-        _check_band("icepop", self.low, self.high)
-        return self
-
 
 class OPSM(_Correction):
     """Off-policy sequence masking (DeepSeek-V3.2): drop sequence ``i`` when ``A_i < 0`` and
@@ -134,17 +138,12 @@ class OPSM(_Correction):
     delta: float = Field(default=1e-4, ge=0.0, description="per-token KL(mu || pi) threshold")
 
 
-class GeoMask(_Correction):
+class GeoMask(_BandCorrection):
     """Geometric sequence mask: drop a sequence if ``exp(mean_t log w_t)`` is outside ``[low, high]``."""
 
     kind: Literal["geo_mask"] = "geo_mask"
     low: float = Field(default=0.99, gt=0.0)
     high: float = Field(default=1.01, gt=0.0)
-
-    @model_validator(mode="after")
-    def _band(self) -> GeoMask:
-        _check_band("geo_mask", self.low, self.high)
-        return self
 
 
 class Veto(_Correction):

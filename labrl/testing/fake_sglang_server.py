@@ -148,6 +148,18 @@ class FakeSGLangServer:
         self._admit = True
         self.app = self._build_app()
 
+    def _set_update_session(self, open_: bool) -> Any:
+        """Open (``/begin_weight_update``) or close (``/end_weight_update``) the weight-update
+        session of SGLang 0.5.23; opening an open one or closing a closed one fails."""
+        if self.in_update_session == open_:
+            return _result(
+                False,
+                "a weight update session is already open" if open_ else "no weight update session is open",
+            )
+        self.in_update_session = open_
+        self.log.append("begin" if open_ else "end")
+        return {"success": True, "message": ""}
+
     # -- scheduler ---------------------------------------------------------------------------
 
     def _ensure_scheduler(self) -> None:
@@ -448,19 +460,11 @@ class FakeSGLangServer:
 
             @app.post("/begin_weight_update")
             async def begin_weight_update() -> Any:
-                if s.in_update_session:
-                    return _result(False, "a weight update session is already open")
-                s.in_update_session = True
-                s.log.append("begin")
-                return {"success": True, "message": ""}
+                return s._set_update_session(True)
 
             @app.post("/end_weight_update")
             async def end_weight_update() -> Any:
-                if not s.in_update_session:
-                    return _result(False, "no weight update session is open")
-                s.in_update_session = False
-                s.log.append("end")
-                return {"success": True, "message": ""}
+                return s._set_update_session(False)
 
         @app.get("/server_info")
         async def server_info() -> Any:

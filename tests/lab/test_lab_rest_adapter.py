@@ -114,27 +114,26 @@ async def test_unexpected_status_is_status_error(api_key):
     await lab.aclose()
 
 
-async def test_connection_errors_translated_after_attempts(api_key):
+@pytest.mark.parametrize(
+    ("failure", "attempts", "error", "message"),
+    [
+        (httpx.ConnectError("connection refused"), 3, LabTransportError, "(gave up after 3 attempts)"),
+        (httpx.ReadTimeout("slow"), 2, LabTimeoutError, "POST /jobs: no answer within 10 s (ReadTimeout)"),
+    ],
+    ids=["connection-error", "timeout"],
+)
+async def test_transport_failures_are_typed_after_every_attempt(api_key, failure, attempts, error, message):
     calls = []
 
     def handler(request: httpx.Request) -> httpx.Response:
         calls.append(1)
-        raise httpx.ConnectError("connection refused", request=request)
+        failure.request = request
+        raise failure
 
-    lab = adapter(handler, max_attempts=3, breaker_threshold=100)
-    with pytest.raises(LabTransportError, match=re.escape("(gave up after 3 attempts)")):
+    lab = adapter(handler, max_attempts=attempts, breaker_threshold=100)
+    with pytest.raises(error, match=re.escape(message)):
         await lab.submit({"x": 1}, "k1")
-    assert len(calls) == 3
-    await lab.aclose()
-
-
-async def test_timeouts_are_lab_timeouts(api_key):
-    def handler(request: httpx.Request) -> httpx.Response:
-        raise httpx.ReadTimeout("slow", request=request)
-
-    lab = adapter(handler, max_attempts=2, breaker_threshold=100)
-    with pytest.raises(LabTimeoutError, match=re.escape("POST /jobs: no answer within 10 s (ReadTimeout)")):
-        await lab.submit({"x": 1}, "k1")
+    assert len(calls) == attempts
     await lab.aclose()
 
 

@@ -24,15 +24,23 @@ from labrl.lab_adapters.recipes import TARGETS, candidate_phases, gold_recipe, p
 from labrl.verifiers.xrd.library import load_library
 
 
+def recipe_json(
+    precursors: list[tuple[str, float]],
+    temperature_c: float = 900,
+    time_h: float = 1,
+    atmosphere: str = "air",
+) -> dict:
+    """A recipe as the agent writes it, precursors as ``(formula, mmol)`` pairs."""
+    return {
+        "precursors": [{"formula": f, "mmol": n} for f, n in precursors],
+        "temperature_c": temperature_c,
+        "time_h": time_h,
+        "atmosphere": atmosphere,
+    }
+
+
 def recipe(precursors: dict[str, float], temperature_c: float, time_h: float, atmosphere: str):
-    return parse_recipe(
-        {
-            "precursors": [{"formula": f, "mmol": n} for f, n in precursors.items()],
-            "temperature_c": temperature_c,
-            "time_h": time_h,
-            "atmosphere": atmosphere,
-        }
-    )
+    return parse_recipe(recipe_json(list(precursors.items()), temperature_c, time_h, atmosphere))
 
 
 def test_catalog_phases_are_in_the_xrd_library():
@@ -143,62 +151,20 @@ def test_measurement_is_a_noisy_pattern_with_the_target_peaks():
     ("data", "message"),
     [
         ("CaTiO3", "a recipe must be a JSON object, got str"),
+        (recipe_json([]), "invalid recipe: precursors:"),
+        (recipe_json([("Xx2O3", 1)]), "formula 'Xx2O3': 'Xx' is not an element symbol"),
+        (recipe_json([("BaCO3", 1)]), "precursor 'BaCO3' is not on the lab's shelf; available: CaCO3, TiO2"),
         (
-            {"precursors": [], "temperature_c": 900, "time_h": 1, "atmosphere": "air"},
-            "invalid recipe: precursors:",
-        ),
-        (
-            {
-                "precursors": [{"formula": "Xx2O3", "mmol": 1}],
-                "temperature_c": 900,
-                "time_h": 1,
-                "atmosphere": "air",
-            },
-            "formula 'Xx2O3': 'Xx' is not an element symbol",
-        ),
-        (
-            {
-                "precursors": [{"formula": "BaCO3", "mmol": 1}],
-                "temperature_c": 900,
-                "time_h": 1,
-                "atmosphere": "air",
-            },
-            "precursor 'BaCO3' is not on the lab's shelf; available: CaCO3, TiO2",
-        ),
-        (
-            {
-                "precursors": [{"formula": "Cu", "mmol": 1}],
-                "temperature_c": 1e6,
-                "time_h": 1,
-                "atmosphere": "air",
-            },
+            recipe_json([("Cu", 1)], temperature_c=1e6),
             "invalid recipe: temperature_c: Input should be less than or equal to 2000",
         ),
         (
-            {
-                "precursors": [{"formula": "Cu", "mmol": 1}],
-                "temperature_c": 500,
-                "time_h": 1,
-                "atmosphere": "plasma",
-            },
+            recipe_json([("Cu", 1)], temperature_c=500, atmosphere="plasma"),
             "invalid recipe: atmosphere: Value error, unknown atmosphere 'plasma'",
         ),
+        (recipe_json([("Cu", 1)] * 2, temperature_c=500, atmosphere="Ar"), "precursor 'Cu' is listed twice"),
         (
-            {
-                "precursors": [{"formula": "Cu", "mmol": 1}] * 2,
-                "temperature_c": 500,
-                "time_h": 1,
-                "atmosphere": "Ar",
-            },
-            "precursor 'Cu' is listed twice",
-        ),
-        (
-            {
-                "precursors": [{"formula": "Cu", "mmol": -1}],
-                "temperature_c": 500,
-                "time_h": 1,
-                "atmosphere": "Ar",
-            },
+            recipe_json([("Cu", -1)], temperature_c=500, atmosphere="Ar"),
             "invalid recipe: precursors.0.mmol: Input should be greater than 0",
         ),
     ],

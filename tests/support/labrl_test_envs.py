@@ -63,6 +63,11 @@ def hang_forever() -> None:
         time.sleep(1)
 
 
+def seeded_task(env: Env, prefix: str, split: Any, seed: int, **fields: Any) -> Task:
+    """A task of ``env`` with the id ``{prefix}-{split}-{seed}``, unique per split and seed."""
+    return Task(env_id=env.spec.id, split=split, seed=seed, task_id=f"{prefix}-{split}-{seed}", **fields)
+
+
 class EchoEnv(Env):
     """Single turn: repeat the secret word as 'ANSWER: word'. Reward 1 if right, else 0."""
 
@@ -73,14 +78,7 @@ class EchoEnv(Env):
 
     def make_task(self, split: Any, seed: int) -> Task:
         word = _word(split, seed)
-        return Task(
-            env_id=self.spec.id,
-            split=split,
-            seed=seed,
-            task_id=f"echo-{split}-{seed}",
-            prompt={"word": word},
-            answer=word,
-        )
+        return seeded_task(self, "echo", split, seed, prompt={"word": word}, answer=word)
 
     async def reset(self, task: Task) -> Observation:
         self.task = task
@@ -209,14 +207,7 @@ class CalculatorEnv(Env):
     def make_task(self, split: Any, seed: int) -> Task:
         rng = random.Random(f"{split}:{seed}")
         numbers = [rng.randint(1, 99) for _ in range(3)]
-        return Task(
-            env_id=self.spec.id,
-            split=split,
-            seed=seed,
-            task_id=f"calc-{split}-{seed}",
-            prompt={"numbers": numbers},
-            answer=sum(numbers),
-        )
+        return seeded_task(self, "calc", split, seed, prompt={"numbers": numbers}, answer=sum(numbers))
 
     async def reset(self, task: Task) -> Observation:
         self.task = task
