@@ -154,7 +154,7 @@ async def main_async(args) -> dict[str, Any]:
     from labrl.harness.backends.ray.backend import actor_name, start_ray
     from labrl.harness.backends.ray.clients import EnvWorkerPool
     from labrl.harness.config import build_run_config
-    from labrl.harness.pipeline.runner import build_learner, build_sampler, build_tokenizer, run_components
+    from labrl.harness.backends.parts import build_learner, build_sampler, build_tokenizer, run_components
     from labrl.harness.rollout.play import rollout_group
 
     register_bench_env()
