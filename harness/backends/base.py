@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from labrl.harness.backends.parts import EnvFactory, OnSFTStep, ShouldStop
 from labrl.harness.config import RunConfig
@@ -47,6 +47,7 @@ class RunParts:
     close: CloseBackend = field(default=_nothing_to_close)
 
 
+@runtime_checkable
 class Backend(Protocol):
     """Starts a run's parts; on a fresh run (``resume`` False) it runs the warm start first.
 
