@@ -57,14 +57,7 @@ from labrl.harness.config import PipelineSection
 from labrl.harness.metrics import JsonlWriter, StepTimer
 from labrl.harness.pipeline.admission import AdmissionState, may_start, trained_before_end
 from labrl.harness.pipeline.buffer import Group, GroupBuffer
-from labrl.harness.pipeline.checkpoint import (
-    LEARNER_FILE,
-    STATE_FILE,
-    SUMMARY_FILE,
-    latest_checkpoint,
-    read_checkpoint,
-    write_checkpoint,
-)
+from labrl.harness.pipeline.checkpoint import SUMMARY_FILE, read_checkpoint, write_checkpoint
 from labrl.harness.pipeline.errors_log import ErrorLog
 from labrl.harness.pipeline.evaluation import EvalOnTestSplit
 from labrl.harness.pipeline.overlong import process_overlong
@@ -80,22 +73,6 @@ from labrl.harness.rollout.batching import collate
 from labrl.harness.rollout.play import rollout_group
 from labrl.harness.tokenizer import Tokenizer
 from labrl.harness.types import Learner, Sampler, SamplingParams, Trajectory
-
-# Re-exported: these names were defined here before the statistics and checkpoint modules existed.
-__all__ = [
-    "LEARNER_FILE",
-    "STATE_FILE",
-    "SUMMARY_FILE",
-    "DropStreak",
-    "Orchestrator",
-    "PipelineStalledError",
-    "latest_checkpoint",
-    "sampling_seed",
-    "stall_message",
-    "task_seed",
-    "token_staleness",
-]
-
 
 #: plays group ``index`` (G episodes of ``task``, member i seeded ``sampling.seed + i``); returns them in order
 GroupPlayer = Callable[[int, Task, SamplingParams], Awaitable[list[Trajectory]]]

@@ -1,4 +1,10 @@
-"""Build a training run from a ``RunConfig`` and run it: what ``labrl train`` calls.
+"""Run a training run from a ``RunConfig``: what ``labrl train`` calls.
+
+``train`` checks everything, prepares the run directory, installs the signal
+handlers, asks the backend ``cfg.backend`` names for the run's parts
+(``labrl.harness.backends``: where they live; ``backends.parts``: what they
+are), drives them with the ``Orchestrator`` and writes ``summary.json``
+(``run_summary``, written once, at the end, whichever way the run ends).
 
 ::
 
@@ -11,7 +17,7 @@
       errors.jsonl      failed episodes and internal errors, with tracebacks (errors_log)
       resumes.jsonl     the tunable keys changed at each resume (resume)
       checkpoints/      step_N/{learner.pt, pipeline.pt} and `latest`
-      summary.json      final numbers
+      summary.json      final numbers (also when a run stops early or stalls)
 
 Threads: the learner's ``train_step`` runs in a worker thread and the local
 sampler's forwards in another, so with ``pipeline.torch_threads = 1`` each
