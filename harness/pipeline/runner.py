@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from labrl.errors import ConfigError, LabrlError, RunFailedError
-from labrl.harness.backends.base import Backend
+from labrl.harness.backends.base import Backend, RunParts
 from labrl.harness.backends.inprocess import InProcessBackend
 from labrl.harness.backends.parts import EnvFactory, build_tokenizer, make_env_factory, run_components
 from labrl.harness.config import (
@@ -227,42 +227,16 @@ async def _train(
                 "note": "stopped during the warm start: nothing to save; a rerun starts the warm start again",
             }
         else:
-            logs = StepLogs(run_dir, live)
-            orch = Orchestrator(
-                cfg.pipeline,
-                make_env=make_env,
-                sampler=parts.sampler,
-                learner=parts.learner,
-                tokenizer=tokenizer,
-                sampling=components.sampling,
-                seed=cfg.seed,
-                run_dir=run_dir,
-                return_routed_experts=cfg.learner.router_replay,
-                on_step=logs.on_step,
-                on_eval=logs.on_eval,
-                play_group=parts.play_group,
-                step_extras=parts.step_extras,
-                on_checkpoint=parts.on_checkpoint,
-            )
-            try:
-                if ckpt is not None:
-                    await orch.resume(ckpt)
-                    _merge_logged_evals(orch, run_dir)
-                    live.message(f"resumed from {ckpt} at step {orch.step}")
-                elif warm_started:
-                    orch.save_checkpoint()  # step 0: a kill from here on does not repeat the warm start
-                stop.attach(orch)
-                result = await orch.run()
-            except PipelineStalledError as exc:
-                result = exc.summary  # checkpointed and resumable: the summary says where from
-                raise
-            finally:
-                eval_history = orch.eval_history
-                logs.close()
+            result, eval_history = await _orchestrate(
+                cfg, ckpt, run_dir, tokenizer, components, make_env, live, stop, parts, warm_started=warm_started
+            )  # fmt: skip
+    except PipelineStalledError as exc:
+        result = exc.summary  # checkpointed and resumable: the summary says where from
+        eval_history = result["eval_history"] if result is not None else []
+        raise
     finally:
-        if isinstance(
-            parts.sampler, Closeable
-        ):  # SGLangSampler's HTTP client; BudgetForcingSampler passes it on
+        # SGLangSampler's HTTP client (BudgetForcingSampler passes the close on)
+        if isinstance(parts.sampler, Closeable):
             await parts.sampler.close()
         backend_summary = await parts.close()
         if result is not None:
@@ -272,6 +246,51 @@ async def _train(
             )  # fmt: skip
             write_summary(run_dir, result)
     return result
+
+
+async def _orchestrate(
+    cfg: RunConfig,
+    ckpt: Path | None,
+    run_dir: Path,
+    tokenizer: Tokenizer,
+    components: ComponentConfigs,
+    make_env: EnvFactory,
+    live: LiveProgress,
+    stop: StopRequest,
+    parts: RunParts,
+    *,
+    warm_started: bool,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Resume (or checkpoint the warm start), then train; the orchestrator's result and eval history."""
+    logs = StepLogs(run_dir, live)
+    try:
+        orch = Orchestrator(
+            cfg.pipeline,
+            make_env=make_env,
+            sampler=parts.sampler,
+            learner=parts.learner,
+            tokenizer=tokenizer,
+            sampling=components.sampling,
+            seed=cfg.seed,
+            run_dir=run_dir,
+            return_routed_experts=cfg.learner.router_replay,
+            on_step=logs.on_step,
+            on_eval=logs.on_eval,
+            play_group=parts.play_group,
+            step_extras=parts.step_extras,
+            on_checkpoint=parts.on_checkpoint,
+        )
+        if ckpt is not None:
+            await orch.resume(ckpt)
+            _merge_logged_evals(orch, run_dir)
+            live.message(f"resumed from {ckpt} at step {orch.step}")
+        elif warm_started:
+            orch.save_checkpoint()  # step 0: a kill from here on does not repeat the warm start
+        stop.attach(orch)
+        result = await orch.run()
+        return result, orch.eval_history
+    finally:
+        logs.close()
 
 
 def run_summary(
