@@ -31,9 +31,9 @@ import torch
 import yaml
 
 from labrl.envs import Env, make
+from labrl.harness.backends.parts import build_learner, build_sampler, make_env_factory
 from labrl.harness.config import build_run_config
 from labrl.harness.pipeline import Orchestrator
-from labrl.harness.pipeline.runner import build_learner, build_sampler, make_env_factory
 from labrl.harness.rollout.sft import run_sft
 from labrl.harness.tokenizer import ByteTokenizer
 from labrl.harness.types import SamplingParams

@@ -151,10 +151,10 @@ async def main_async(args) -> dict[str, Any]:
     import ray
 
     from labrl.envs import make
-    from labrl.harness.backends.ray.backend import actor_name, start_ray
+    from labrl.harness.backends.parts import build_learner, build_sampler, build_tokenizer, run_components
+    from labrl.harness.backends.ray.backend import RayBackend, actor_name
     from labrl.harness.backends.ray.clients import EnvWorkerPool
     from labrl.harness.config import build_run_config
-    from labrl.harness.pipeline.runner import build_learner, build_sampler, build_tokenizer, run_components
     from labrl.harness.rollout.play import rollout_group
 
     register_bench_env()
@@ -170,14 +170,16 @@ async def main_async(args) -> dict[str, Any]:
     sampling = run_components(cfg, tokenizer).sampling
     env = make(ENV_ID, latency_p50=args.latency_p50)
     t0 = time.perf_counter()
-    parts = await start_ray(cfg, tokenizer=tokenizer, resume=False, on_sft=lambda r: None)
+    make_env = lambda: make(ENV_ID, latency_p50=args.latency_p50)  # noqa: E731
+    parts = await RayBackend().start(
+        cfg, tokenizer, make_env, resume=False, on_sft=lambda r: None, should_stop=lambda: False
+    )
     startup_s = time.perf_counter() - t0
     workers = [ray.get_actor(actor_name(str(run_dir), f"env{i}")) for i in range(top)]
     gateway = ray.get_actor(actor_name(str(run_dir), "gateway"))
     # in-process: the same sampler config and weights, in this process
     learner = build_learner(cfg)
     local = await build_sampler(cfg, learner, tokenizer)
-    make_env = lambda: make(ENV_ID, latency_p50=args.latency_p50)  # noqa: E731
 
     async def inproc(index, task, s):
         return await rollout_group(make_env, task, local, tokenizer, s, args.group_size)

@@ -1,8 +1,9 @@
 """labrl.harness.pipeline: sync / one-step-off / PipelineRL training over the Env contract.
 
 See ``orchestrator`` for the loop, ``buffer`` for dynamic sampling,
-``admission`` for staleness pacing, ``overlong`` for length handling and
-``runner`` for building a run from a ``RunConfig``.
+``admission`` for staleness pacing, ``overlong`` for length handling,
+``evaluation`` for the test split, ``weight_sync`` for the hand-over of
+weights and ``runner`` for ``train``: a run from a ``RunConfig``.
 """
 
 from labrl.harness.pipeline.admission import (
@@ -12,20 +13,15 @@ from labrl.harness.pipeline.admission import (
     predicted_train_version,
 )
 from labrl.harness.pipeline.buffer import Group, GroupBuffer
-from labrl.harness.pipeline.orchestrator import (
-    Orchestrator,
-    PipelineStalledError,
-    latest_checkpoint,
-    sampling_seed,
-    task_seed,
-    token_staleness,
-)
+from labrl.harness.pipeline.checkpoint import latest_checkpoint
+from labrl.harness.pipeline.orchestrator import Orchestrator, PipelineStalledError, sampling_seed, task_seed
 from labrl.harness.pipeline.overlong import (
     BudgetForcingSampler,
     length_penalty,
     mask_unsampled_tokens,
     process_overlong,
 )
+from labrl.harness.pipeline.stats import token_staleness
 
 __all__ = [
     "AdmissionState",

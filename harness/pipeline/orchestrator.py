@@ -35,8 +35,10 @@ first step that ends ``checkpoint_every_s`` seconds after the previous one. A re
 restarts the in-flight groups first and never trains a group twice (each
 group index is trained at most once; ``trained.jsonl`` lists them per step).
 
-This module is the schedule; the per-step metrics live in ``stats`` and the
-checkpoint files in ``checkpoint``.
+This module is the schedule; the per-step metrics live in ``stats``, the
+checkpoint files in ``checkpoint``, evaluation in ``evaluation`` and the
+weight hand-over in ``weight_sync``. A stall's summary travels on the error
+(``PipelineStalledError.summary``); ``runner`` writes ``summary.json``.
 """
 
 from __future__ import annotations
@@ -44,12 +46,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from labrl.envs.base import Env
 from labrl.envs.types import Task
@@ -57,46 +56,23 @@ from labrl.errors import LabrlError
 from labrl.harness.metrics import JsonlWriter, StepTimer
 from labrl.harness.pipeline.admission import AdmissionState, may_start, trained_before_end
 from labrl.harness.pipeline.buffer import Group, GroupBuffer
-from labrl.harness.pipeline.checkpoint import (
-    LEARNER_FILE,
-    STATE_FILE,
-    SUMMARY_FILE,
-    latest_checkpoint,
-    read_checkpoint,
-    write_checkpoint,
-    write_summary,
-)
+from labrl.harness.pipeline.checkpoint import SUMMARY_FILE, read_checkpoint, write_checkpoint
 from labrl.harness.pipeline.config import PipelineSection
 from labrl.harness.pipeline.errors_log import ErrorLog
+from labrl.harness.pipeline.evaluation import EvalOnTestSplit
 from labrl.harness.pipeline.overlong import process_overlong
 from labrl.harness.pipeline.stats import (
     DropStreak,
     StepStats,
     episodes_over_staleness,
-    failure_rates,
     stall_message,
     token_staleness,
 )
+from labrl.harness.pipeline.weight_sync import WeightSync
 from labrl.harness.rollout.batching import collate
-from labrl.harness.rollout.play import rollout, rollout_group
+from labrl.harness.rollout.play import rollout_group
 from labrl.harness.tokenizer import Tokenizer
 from labrl.harness.types import Learner, Sampler, SamplingParams, Trajectory
-
-# Re-exported: these names were defined here before the statistics and checkpoint modules existed.
-__all__ = [
-    "LEARNER_FILE",
-    "STATE_FILE",
-    "SUMMARY_FILE",
-    "DropStreak",
-    "Orchestrator",
-    "PipelineStalledError",
-    "latest_checkpoint",
-    "sampling_seed",
-    "stall_message",
-    "task_seed",
-    "token_staleness",
-]
-
 
 #: plays group ``index`` (G episodes of ``task``, member i seeded ``sampling.seed + i``); returns them in order
 GroupPlayer = Callable[[int, Task, SamplingParams], Awaitable[list[Trajectory]]]
@@ -105,8 +81,16 @@ GroupPlayer = Callable[[int, Task, SamplingParams], Awaitable[list[Trajectory]]]
 class PipelineStalledError(LabrlError, RuntimeError):
     """Dynamic sampling keeps dropping groups: the batch cannot fill with a learning signal.
 
-    Raised after the run was checkpointed (when it has a run directory), so it is resumable.
+    Raised after the run was checkpointed (when it has a run directory), so it is resumable;
+    ``summary`` is then the run's summary (``stalled``, ``error``, ``checkpoint``, ...).
     """
+
+    def __init__(self, message: str, summary: dict[str, Any] | None = None) -> None:
+        super().__init__(message, summary)  # args rebuild the error when unpickled
+        self.summary = summary
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 def task_seed(run_seed: int, index: int) -> int:
@@ -156,7 +140,6 @@ class Orchestrator:
         # their transcripts and releases the rest)
         self.on_checkpoint = on_checkpoint
         self.max_staleness = cfg.effective_max_staleness
-        self.defer_weight_sync = cfg.mode == "one_step_off"
         self.buffer = GroupBuffer(cfg.batch_groups, dynamic_sampling=cfg.dynamic_sampling)
         self._task_env = make_env()  # only for make_task (pure); never reset
         # run state (checkpointed)
@@ -174,13 +157,20 @@ class Orchestrator:
         self._learner_failed = False  # train_step raised: its state may be half-updated, never checkpoint it
         self._last_checkpoint_at = time.perf_counter()
         self._wake = asyncio.Event()
-        self._pending_weights: tuple[dict[str, torch.Tensor], int] | None = None
-        self._sync_lock = asyncio.Lock()
+        self.weights = WeightSync(sampler, deferred=cfg.mode == "one_step_off", on_synced=self._wake.set)
         self._eval_task: asyncio.Task | None = None
         self._drops = DropStreak()
         self.metrics = StepStats(sampler)
         self._trained_log = JsonlWriter(self.run_dir / "trained.jsonl") if self.run_dir else None
         self.errors = ErrorLog(self.run_dir) if self.run_dir else None
+        self.evaluation = EvalOnTestSplit(
+            make_env,
+            tokenizer,
+            sampling.model_copy(update={"temperature": cfg.eval_temperature, "seed": seed}),
+            size=cfg.eval_size,
+            concurrency=cfg.max_concurrent_episodes,
+            errors=self.errors,
+        )
 
     # -- public -------------------------------------------------------------------
 
@@ -280,7 +270,7 @@ class Orchestrator:
         }
 
     def _stalled_with_checkpoint(self, exc: PipelineStalledError, target: Path) -> PipelineStalledError:
-        """Write ``summary.json`` for the stalled run; the error, extended with where to resume from."""
+        """The error, extended with where to resume from and carrying the stalled run's summary."""
         assert self.run_dir is not None
         message = (
             f"{exc} Nothing is lost: the run stopped at step {self.step} and wrote {target} and "
@@ -294,8 +284,7 @@ class Orchestrator:
             "checkpoint": str(target),
             "eval_history": self.eval_history,
         }
-        write_summary(self.run_dir, summary)
-        return PipelineStalledError(message)
+        return PipelineStalledError(message, summary)
 
     # -- producer -----------------------------------------------------------------
 
@@ -366,8 +355,7 @@ class Orchestrator:
             self._inflight.pop(index, None)
             self._inflight_episodes -= self.cfg.group_size
             self._wake.set()
-            if self.defer_weight_sync and not self._inflight and self._pending_weights is not None:
-                asyncio.get_running_loop().create_task(self._sync_weights())
+            self.weights.group_finished(episodes_in_flight=bool(self._inflight))
 
     async def _play_here(self, index: int, task: Task, sampling: SamplingParams) -> list[Trajectory]:
         return await rollout_group(
@@ -408,9 +396,7 @@ class Orchestrator:
             if self._trained_log is not None:
                 self._trained_log.write({"step": self.step, "groups": indices})
             weights = await asyncio.to_thread(self.learner.export_weights)
-            self._pending_weights = (weights, self.learner.version)
-            if not self.defer_weight_sync or not self._inflight:
-                await self._sync_weights()
+            await self.weights.publish(weights, self.learner.version, episodes_in_flight=bool(self._inflight))
             record = self.metrics.step_record(
                 step=self.step,
                 cfg=self.cfg,
@@ -457,56 +443,11 @@ class Orchestrator:
         if self.run_dir is not None and self.step < self.cfg.total_steps and self._checkpoint_due():
             self.save_checkpoint()  # the last step's checkpoint is written when run() ends
 
-    async def _sync_weights(self) -> None:
-        async with self._sync_lock:
-            if self._pending_weights is None:
-                return
-            weights, version = self._pending_weights
-            self._pending_weights = None
-            if version > self.sampler.version:
-                await self.sampler.update_weights(weights, version)
-        self._wake.set()
-
     # -- evaluation -----------------------------------------------------------------
 
     async def _evaluate(self, step: int) -> dict[str, Any]:
-        """Greedy (or low-temperature) episodes on the env's test split with the sampler's current weights."""
-        version = self.sampler.version
-        sampling = self.sampling.model_copy(
-            update={"temperature": self.cfg.eval_temperature, "seed": self.seed}
-        )
-
-        slots = asyncio.Semaphore(self.cfg.max_concurrent_episodes)
-
-        async def one(i: int) -> Trajectory:
-            async with slots:
-                env = self.make_env()
-                try:
-                    task = env.make_task("test", i)
-                    return await rollout(
-                        env, task, self.sampler, self.tokenizer, sampling, rid_prefix=f"eval{step}:"
-                    )
-                finally:
-                    await env.close()
-
-        t0 = time.perf_counter()
-        results = await asyncio.gather(*(one(i) for i in range(self.cfg.eval_size)))
-        if self.errors is not None:
-            self.errors.episodes(results, step=step, phase="eval")
-        outcomes = Counter(t.outcome for t in results)
-        scored = [t.reward for t in results if t.reward is not None]
-        record = {
-            "step": step,
-            "sampler_version": version,
-            "n": len(results),
-            "n_scored": len(scored),
-            "accuracy": sum(1 for r in scored if r >= 1.0 - 1e-9) / len(results),
-            "reward_mean": sum(scored) / len(scored) if scored else None,
-            "overlong_frac": sum(t.finish_reason == "length" for t in results) / len(results),
-            "eval_s": time.perf_counter() - t0,
-            "time_s": self.metrics.wall_s(),
-            **{f"errors/{k}": v for k, v in failure_rates(outcomes, len(results)).items()},
-        }
+        """Evaluate on the test split (``evaluation``) with the sampler's current weights; record it."""
+        record = await self.evaluation.run(self.sampler, step, time_s=self.metrics.wall_s)
         self.eval_history.append(record)
         if self.on_eval is not None:
             self.on_eval(record)

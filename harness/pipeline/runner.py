@@ -1,4 +1,10 @@
-"""Build a training run from a ``RunConfig`` and run it: what ``labrl train`` calls.
+"""Run a training run from a ``RunConfig``: what ``labrl train`` calls.
+
+``train`` checks everything, prepares the run directory, installs the signal
+handlers, asks the backend ``cfg.backend`` names for the run's parts
+(``labrl.harness.backends``: where they live; ``backends.parts``: what they
+are), drives them with the ``Orchestrator`` and writes ``summary.json``
+(``run_summary``, written once, at the end, whichever way the run ends).
 
 ::
 
@@ -12,7 +18,7 @@
       errors.jsonl      failed episodes and internal errors, with tracebacks (errors_log)
       resumes.jsonl     the tunable keys changed at each resume (resume)
       checkpoints/      step_N/{learner.pt, pipeline.pt} and `latest`
-      summary.json      final numbers
+      summary.json      final numbers (also when a run stops early or stalls)
 
 Threads: the learner's ``train_step`` runs in a worker thread and the local
 sampler's forwards in another, so with ``pipeline.torch_threads = 1`` each
@@ -31,151 +37,38 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from labrl.errors import ConfigError, LabrlError, RunFailedError
+from labrl.harness.backends.base import Backend, RunParts
+from labrl.harness.backends.inprocess import InProcessBackend
+from labrl.harness.backends.parts import EnvFactory, build_tokenizer, make_env_factory, run_components
 from labrl.harness.config import (
     ComponentConfigs,
     RunConfig,
-    component_configs,
     dump_run_config,
     learnability_warnings,
 )
 from labrl.harness.effective import effective_values, read_effective, write_effective
 from labrl.harness.metrics import JsonlWriter, LiveProgress, read_jsonl
-from labrl.harness.pipeline.checkpoint import checkpoint_step, write_summary
+from labrl.harness.pipeline.checkpoint import checkpoint_step, latest_checkpoint, write_summary
 from labrl.harness.pipeline.errors_log import ErrorLog
-from labrl.harness.pipeline.orchestrator import Orchestrator, latest_checkpoint
-from labrl.harness.pipeline.overlong import BudgetForcingSampler
+from labrl.harness.pipeline.orchestrator import Orchestrator, PipelineStalledError
 from labrl.harness.pipeline.resume import check_resume, log_resume, previous_config, truncate_run_logs
-from labrl.harness.samplers.local import LocalSamplerConfig
-from labrl.harness.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+from labrl.harness.tokenizer import Tokenizer
 from labrl.harness.types import Closeable
 
 
-def make_env_factory(cfg: RunConfig):
-    from labrl.envs import make
+def select_backend(name: str) -> Backend:
+    """The backend ``cfg.backend`` names; Ray's is imported only when asked for."""
+    if name == "ray":
+        from labrl.harness.backends.ray.backend import RayBackend
 
-    budgets = cfg.env.budgets or None
-
-    def factory():
-        return make(cfg.env.id, budgets=budgets, **cfg.env.options)
-
-    factory()  # fail fast on a bad id or option, before anything is built
-    return factory
-
-
-def run_components(cfg: RunConfig, tokenizer: Tokenizer | None = None) -> ComponentConfigs:
-    """The component configs of this run (``labrl.harness.config.component_configs``)."""
-    tokenizer = tokenizer if tokenizer is not None else build_tokenizer(cfg)
-    return component_configs(cfg, model=cfg.model.resolve(), pad_token_id=tokenizer.pad_token_id)
-
-
-def build_learner(cfg: RunConfig, tokenizer: Tokenizer | None = None):
-    from labrl.harness.learners import MegatronLearner
-
-    return MegatronLearner(run_components(cfg, tokenizer).learner)
-
-
-def build_tokenizer(cfg: RunConfig) -> Tokenizer:
-    """The byte tokenizer of the from-scratch presets, or the tokenizer shipped with ``model.init_from_hf``."""
-    if cfg.model.init_from_hf is None:
-        return ByteTokenizer()
-    return HFTokenizer(cfg.model.init_from_hf)
-
-
-def initialise_from_hf(learner, path: str, model_cfg) -> None:
-    """Load a Hugging Face MoE checkpoint's weights into the learner's megatron-core model."""
-    from labrl.harness.models.hf_import import load_hf_checkpoint, load_into_model
-
-    load_into_model(learner.model, load_hf_checkpoint(path, model_cfg))
-
-
-async def build_sampler(cfg: RunConfig, learner, tokenizer: Tokenizer):
-    """The run's sampler, holding the learner's current weights and version."""
-    return await build_sampler_from(cfg, learner.export_weights(), learner.version, tokenizer)
-
-
-async def build_sampler_from(
-    cfg: RunConfig, weights, version: int, tokenizer: Tokenizer, *, sglang_urls: tuple[str, ...] | None = None
-):
-    """The run's sampler holding ``weights`` as policy ``version`` (a Ray sampler actor builds its own here).
-
-    ``sglang_urls`` narrows ``sampler.sglang.urls`` to the servers one sampler actor fronts.
-    """
-    components = run_components(cfg, tokenizer)
-    model_cfg = components.model
-    if isinstance(components.sampler, LocalSamplerConfig):
-        from labrl.harness.samplers.local import LocalSampler
-
-        sampler = LocalSampler(model_cfg, components.sampler, weights=weights, version=version)
-    else:
-        from labrl.harness.samplers.sglang.sampler import make_sglang_sampler
-
-        sglang_cfg = components.sampler
-        if sglang_urls is not None:  # the servers one Ray sampler actor fronts
-            sglang_cfg = sglang_cfg.model_copy(update={"urls": tuple(sglang_urls)})
-        # both transports move hf_export.hf_weights of the learner's weights (HF names, training dtype)
-        sampler = make_sglang_sampler(sglang_cfg, model_cfg)
-        # The servers hold whatever they were launched with (or a previous run's weights):
-        # set them to the learner's weights and version, which may not be newer.
-        await sampler.start()
-        await sampler.update_weights(weights, version, force=True)
-    overlong = cfg.pipeline.overlong
-    if overlong.mode == "force":
-        sampler = BudgetForcingSampler(sampler, tokenizer.encode(overlong.cue), overlong.answer_tokens)
-    return sampler
-
-
-@dataclass
-class RunParts:
-    """What a backend builds for ``train``: the learner and sampler the orchestrator drives, and hooks."""
-
-    learner: Any
-    sampler: Any
-    sft_s: float = 0.0
-    play_group: Any = None  # Orchestrator's group player; None: rollout_group in this process
-    step_extras: Any = None  # async () -> dict merged into each step record
-    on_checkpoint: Any = None  # (indices of the groups a checkpoint leaves in flight) -> None
-    close: Callable[[], Awaitable[dict[str, Any]]] = field(default=lambda: _nothing())
-
-
-async def _nothing() -> dict[str, Any]:
-    return {}
-
-
-async def start_inprocess(
-    cfg: RunConfig, tokenizer: Tokenizer, make_env, *, resume: bool, on_sft, should_stop=None
-) -> RunParts:
-    """Learner and sampler in this process (the default backend); warm start unless resuming.
-
-    ``should_stop`` (polled between warm-start steps) ends the warm start early.
-    """
-    learner = build_learner(cfg)
-    if not resume and cfg.model.init_from_hf is not None:  # a resumed run loads its own checkpoint
-        initialise_from_hf(learner, cfg.model.init_from_hf, cfg.model.resolve())
-    sft_s = 0.0
-    if not resume and cfg.sft.enabled:
-        from labrl.harness.rollout.sft import run_sft
-
-        t0 = time.perf_counter()
-        await run_sft(
-            learner.model,
-            make_env,
-            tokenizer,
-            cfg.sft,
-            seed=cfg.seed,
-            on_step=on_sft,
-            should_stop=should_stop,
-        )
-        sft_s = time.perf_counter() - t0
-    sampler = await build_sampler(cfg, learner, tokenizer)
-    return RunParts(learner=learner, sampler=sampler, sft_s=sft_s)
+        return RayBackend()
+    return InProcessBackend()
 
 
 class StopRequest:
@@ -293,7 +186,7 @@ async def _train(
     tokenizer: Tokenizer,
     model_cfg,
     components: ComponentConfigs,
-    make_env,
+    make_env: EnvFactory,
     live: LiveProgress,
     stop: StopRequest,
 ) -> dict[str, Any]:
@@ -316,63 +209,77 @@ async def _train(
             live.message(f"sft step {r['sft_step']}/{cfg.sft.steps}  loss {r['loss']:.3f}")
 
     try:
-        if cfg.backend == "ray":
-            from labrl.harness.backends.ray.backend import start_ray
-
-            parts = await start_ray(cfg, tokenizer=tokenizer, resume=ckpt is not None, on_sft=on_sft)
-        else:
-            parts = await start_inprocess(
-                cfg, tokenizer, make_env, resume=ckpt is not None, on_sft=on_sft,
-                should_stop=lambda: stop.requested,
-            )  # fmt: skip
+        parts = await select_backend(cfg.backend).start(
+            cfg,
+            tokenizer,
+            make_env,
+            resume=ckpt is not None,
+            on_sft=on_sft,
+            should_stop=lambda: stop.requested,
+        )
     finally:
         if sft_writer is not None:
             sft_writer.close()
     warm_started = warm_start and sft_done == cfg.sft.steps
-    learner, sampler = parts.learner, parts.sampler
-    if stop.requested and warm_start and not warm_started:
-        if isinstance(sampler, Closeable):
-            await sampler.close()
-        await parts.close()
-        summary = {
-            "step": 0,
-            "interrupted": True,
-            "stopped_by": stop.signal_name,
-            "checkpoint": None,
-            "total_wall_s": time.perf_counter() - started,
-            "sft_s": parts.sft_s,
-            "eval": None,
-            "note": "stopped during the warm start: nothing to save; a rerun starts the warm start again",
-        }
-        write_summary(run_dir, summary)
-        return summary
-    metrics = JsonlWriter(run_dir / "metrics.jsonl")
-    evals = JsonlWriter(run_dir / "eval.jsonl")
+    result: dict[str, Any] | None = None  # the orchestrator's (or the stall's); None: the run failed
+    eval_history: list[dict[str, Any]] = []
+    try:
+        if stop.requested and warm_start and not warm_started:
+            result = {
+                "step": 0,
+                "eval": None,
+                "note": "stopped during the warm start: nothing to save; a rerun starts the warm start again",
+            }
+        else:
+            result, eval_history = await _orchestrate(
+                cfg, ckpt, run_dir, tokenizer, components, make_env, live, stop, parts, warm_started=warm_started
+            )  # fmt: skip
+    except PipelineStalledError as exc:
+        result = exc.summary  # checkpointed and resumable: the summary says where from
+        eval_history = result["eval_history"] if result is not None else []
+        raise
+    finally:
+        # SGLangSampler's HTTP client (BudgetForcingSampler passes the close on)
+        if isinstance(parts.sampler, Closeable):
+            await parts.sampler.close()
+        backend_summary = await parts.close()
+        if result is not None:
+            result = run_summary(
+                cfg, run_dir, result, started=started, sft_s=parts.sft_s, stopped_by=stop.signal_name,
+                eval_history=eval_history, backend_summary=backend_summary,
+            )  # fmt: skip
+            write_summary(run_dir, result)
+    return result
 
-    def on_step(record: dict[str, Any]) -> None:
-        metrics.write(record)
-        live.update(record)
 
-    def on_eval(record: dict[str, Any]) -> None:
-        evals.write(record)
-        live.message(
-            f"eval @ step {record['step']}: accuracy {record['accuracy']:.3f} "
-            f"(n={record['n']}, {record['time_s'] / 60:.1f} min)"
-        )
-
+async def _orchestrate(
+    cfg: RunConfig,
+    ckpt: Path | None,
+    run_dir: Path,
+    tokenizer: Tokenizer,
+    components: ComponentConfigs,
+    make_env: EnvFactory,
+    live: LiveProgress,
+    stop: StopRequest,
+    parts: RunParts,
+    *,
+    warm_started: bool,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Resume (or checkpoint the warm start), then train; the orchestrator's result and eval history."""
+    logs = StepLogs(run_dir, live)
     try:
         orch = Orchestrator(
             cfg.pipeline,
             make_env=make_env,
-            sampler=sampler,
-            learner=learner,
+            sampler=parts.sampler,
+            learner=parts.learner,
             tokenizer=tokenizer,
             sampling=components.sampling,
             seed=cfg.seed,
             run_dir=run_dir,
             return_routed_experts=cfg.learner.router_replay,
-            on_step=on_step,
-            on_eval=on_eval,
+            on_step=logs.on_step,
+            on_eval=logs.on_eval,
             play_group=parts.play_group,
             step_extras=parts.step_extras,
             on_checkpoint=parts.on_checkpoint,
@@ -385,25 +292,59 @@ async def _train(
             orch.save_checkpoint()  # step 0: a kill from here on does not repeat the warm start
         stop.attach(orch)
         result = await orch.run()
+        return result, orch.eval_history
     finally:
-        if isinstance(sampler, Closeable):  # SGLangSampler's HTTP client; BudgetForcingSampler passes it on
-            await sampler.close()
-        backend_summary = await parts.close()
-        metrics.close()
-        evals.close()
-    summary = {
+        logs.close()
+
+
+def run_summary(
+    cfg: RunConfig,
+    run_dir: Path,
+    result: dict[str, Any],
+    *,
+    started: float,
+    sft_s: float,
+    stopped_by: str | None,
+    eval_history: list[dict[str, Any]],
+    backend_summary: dict[str, Any],
+) -> dict[str, Any]:
+    """``summary.json``: the orchestrator's ``result`` (or the stall's), and what the run around it measured."""
+    checkpoint = latest_checkpoint(run_dir)
+    return {
         **result,
         "total_wall_s": time.perf_counter() - started,
-        "sft_s": parts.sft_s,
-        "interrupted": orch.step < cfg.pipeline.total_steps,
-        "stopped_by": stop.signal_name,
-        "checkpoint": str(latest_checkpoint(run_dir)),
-        "eval_history": orch.eval_history,
+        "sft_s": sft_s,
+        "interrupted": result["step"] < cfg.pipeline.total_steps,
+        "stopped_by": stopped_by,
+        "checkpoint": str(checkpoint) if checkpoint is not None else None,
+        "eval_history": eval_history,
         "backend": cfg.backend,
         **({"ray": backend_summary} if backend_summary else {}),
     }
-    write_summary(run_dir, summary)
-    return summary
+
+
+class StepLogs:
+    """``metrics.jsonl`` and ``eval.jsonl``, each record echoed on the progress display."""
+
+    def __init__(self, run_dir: Path, live: LiveProgress) -> None:
+        self.metrics = JsonlWriter(run_dir / "metrics.jsonl")
+        self.evals = JsonlWriter(run_dir / "eval.jsonl")
+        self.live = live
+
+    def on_step(self, record: dict[str, Any]) -> None:
+        self.metrics.write(record)
+        self.live.update(record)
+
+    def on_eval(self, record: dict[str, Any]) -> None:
+        self.evals.write(record)
+        self.live.message(
+            f"eval @ step {record['step']}: accuracy {record['accuracy']:.3f} "
+            f"(n={record['n']}, {record['time_s'] / 60:.1f} min)"
+        )
+
+    def close(self) -> None:
+        self.metrics.close()
+        self.evals.close()
 
 
 def _merge_logged_evals(orch: Orchestrator, run_dir: Path) -> None:

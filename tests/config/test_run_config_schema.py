@@ -185,7 +185,7 @@ def test_component_errors_name_the_run_config_key():
 
 
 def test_the_learner_is_built_from_the_composed_config():
-    from labrl.harness.pipeline.runner import build_learner
+    from labrl.harness.backends.parts import build_learner
 
     tiny = ["model.overrides.num_layers=1", "model.overrides.hidden_size=32", "model.overrides.num_attention_heads=2",
             "model.overrides.max_sequence_length=32", "learner.optimizer.lr=2e-4", "learner.micro_batch_size=3"]  # fmt: skip

@@ -136,6 +136,25 @@ def test_dependencies_point_one_way():
     assert offenders == []
 
 
+def test_a_run_is_assembled_without_a_cycle():
+    """runner -> backends -> parts: no backend (nor the Ray actors) imports the runner, and the
+    pipeline's loop imports no backend, even inside a function."""
+    import labrl.harness.backends.parts
+    import labrl.harness.backends.ray.backend  # noqa: F401  (both import cleanly on their own)
+
+    rules = {
+        "harness/backends": "labrl.harness.pipeline.runner",
+        "harness/pipeline": "labrl.harness.backends",
+    }
+    offenders = []
+    for folder, banned in rules.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            if path.name == "runner.py":  # the one module that picks a backend
+                continue
+            offenders += [f"{path.relative_to(ROOT)}: {n}" for n, _ in _imports(path) if n.startswith(banned)]
+    assert offenders == []
+
+
 MOCK = "labrl.lab_adapters.mock"
 #: the one place outside the mock that may start it: the lab envs' offline default (no ``lab_url``),
 #: imported inside the function that opens it, so an env talking to a real lab never loads the mock

@@ -181,7 +181,7 @@ async def test_stall_guard_says_which_kind_of_group_was_dropped_and_checkpoints_
     assert latest_checkpoint(run) == ckpt
     state = torch.load(ckpt / "pipeline.pt", weights_only=False)
     assert state["buffer"]["counters"]["groups_zero_variance"] >= 7
-    summary = json.loads((run / "summary.json").read_text())
+    summary = info.value.summary  # what train() writes to summary.json (test_run_resume_and_errors)
     assert summary["stalled"] is True and summary["interrupted"] is True
     assert summary["error"] == expected and summary["checkpoint"] == str(ckpt)
     assert summary["counters"] == state["buffer"]["counters"]

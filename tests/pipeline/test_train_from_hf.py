@@ -10,9 +10,10 @@ import torch
 from test_pipeline_train_e2e import TINY, run_config
 
 from labrl.errors import ConfigError
+from labrl.harness.backends.parts import build_learner, build_tokenizer, initialise_from_hf
 from labrl.harness.config import build_run_config
 from labrl.harness.models.hf_export import export_hf_checkpoint
-from labrl.harness.pipeline.runner import build_learner, build_tokenizer, initialise_from_hf, train
+from labrl.harness.pipeline.runner import train
 from labrl.harness.tokenizer import HFTokenizer
 
 

@@ -18,12 +18,31 @@ from loopback_lab import serve_mock_lab
 from ray_helpers import LAB_TOKEN, lab_synthesis, metrics, quickstart_tiny, trained_groups
 
 from labrl.errors import LearnerLostError, PlacementError
-from labrl.harness.backends.ray.backend import actor_name
+from labrl.harness.backends.ray.actors import Control, LearnerActor
+from labrl.harness.backends.ray.backend import actor_name, remote_warm_start
 from labrl.harness.config import build_run_config
 from labrl.harness.pipeline.checkpoint import STATE_FILE, latest_checkpoint
 from labrl.harness.pipeline.runner import train
 
 pytestmark = pytest.mark.timeout(900)
+
+
+async def test_the_learner_actor_warm_start_stops_when_the_driver_is_asked_to(ray_cluster, tmp_path):
+    """The learner actor runs the shared ``parts.warm_start``; the driver's stop reaches it through Control."""
+    cfg = build_run_config(
+        quickstart_tiny(tmp_path / "ws", backend="ray")
+        | {"sft": {"enabled": True, "steps": 3, "batch_size": 2, "num_prompts": 4}}
+    )
+    control = ray.remote(Control).options(num_cpus=0).remote()
+    learner = ray.remote(LearnerActor).options(num_cpus=0.1).remote(cfg.model_dump(mode="json"))
+    try:
+        records, sft_s = await remote_warm_start(learner, control, should_stop=lambda: False)
+        assert [r["sft_step"] for r in records] == [1, 2, 3] and sft_s > 0
+        records, _ = await remote_warm_start(learner, control, should_stop=lambda: True)
+        assert records == [] and await control.stop_requested.remote()
+    finally:
+        for handle in (learner, control):
+            ray.kill(handle, no_restart=True)
 
 
 def _trained_tokens(run_dir: Path) -> list[list[tuple[int, ...]]]:

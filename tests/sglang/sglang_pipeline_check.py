@@ -180,17 +180,17 @@ class RecordingLearner:
 
 
 def install_recorder(monkeypatch) -> RecordingLearner:
-    """Make ``labrl.harness.pipeline.runner`` build a recording learner; returns it once built."""
-    from labrl.harness.pipeline import runner
+    """Make ``labrl.harness.backends.parts`` build a recording learner; returns it once built."""
+    from labrl.harness.backends import parts
 
     holder = RecordingLearner(inner=None)
-    build = runner.build_learner
+    build = parts.build_learner
 
     def build_recording(cfg):
         holder.inner = build(cfg)
         return holder
 
-    monkeypatch.setattr(runner, "build_learner", build_recording)
+    monkeypatch.setattr(parts, "build_learner", build_recording)
     return holder
 
 

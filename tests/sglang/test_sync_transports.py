@@ -14,6 +14,7 @@ import pytest
 import torch
 from sglang_pipeline_check import free_port, other_init_checkpoint, run_config
 
+from labrl.harness.backends import parts
 from labrl.harness.config import build_run_config
 from labrl.harness.pipeline import runner
 from labrl.testing.fake_sglang_server import ServerThread, local_fake_server
@@ -31,7 +32,7 @@ async def _run(transport: str, tmp, monkeypatch) -> dict:
     server = local_fake_server(str(ckpt), enable_deterministic_inference=True, group_timeout_s=120)
     batches: list[dict] = []
     served: list[dict] = []
-    build_learner = runner.build_learner
+    build_learner = parts.build_learner
 
     def recording_learner(cfg):
         learner = build_learner(cfg)
@@ -56,7 +57,7 @@ async def _run(transport: str, tmp, monkeypatch) -> dict:
             "master_port": free_port(),
             "deterministic_inference": True,
         }
-        monkeypatch.setattr(runner, "build_learner", recording_learner)
+        monkeypatch.setattr(parts, "build_learner", recording_learner)
         try:
             summary = await runner.train(build_run_config(raw))
         finally:

@@ -11,7 +11,7 @@ actor           placed                  holds
 ``EnvWorker``   ``ray.env_workers`` x    many concurrent groups through ``rollout_group``
 =============== ======================= ===============================================
 
-Each builds its component with the in-process builders (``labrl.harness.pipeline.runner``)
+Each builds its component with the builders both backends share (``labrl.harness.backends.parts``)
 from the run config, so both backends run one code path.
 """
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import os
 import pickle
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +52,7 @@ class Control:
         self.version = -1
         self.weights: list[Any] = []  # [ObjectRef]: nested, so Ray passes the ref instead of the value
         self.starts: Counter[str] = Counter()
+        self.stopping = False
 
     def set_policy(self, version: int, weights: list[Any]) -> None:
         if version >= self.version:
@@ -68,6 +68,13 @@ class Control:
     def restarts(self) -> dict[str, int]:
         return {name: n - 1 for name, n in self.starts.items()}
 
+    def request_stop(self) -> None:
+        """The driver was asked to stop (SIGINT / SIGTERM): an actor's long call (the warm start) ends early."""
+        self.stopping = True
+
+    def stop_requested(self) -> bool:
+        return self.stopping
+
     def ping(self) -> bool:
         return True
 
@@ -76,7 +83,7 @@ class LearnerActor:
     """``MegatronLearner`` built as in-process; ``train_step`` returns (metrics, version)."""
 
     def __init__(self, cfg_data: dict[str, Any]) -> None:
-        from labrl.harness.pipeline.runner import build_learner
+        from labrl.harness.backends.parts import build_learner
 
         self.cfg = _actor_setup(cfg_data)
         torch.set_num_threads(self.cfg.pipeline.torch_threads)
@@ -86,25 +93,23 @@ class LearnerActor:
     def version(self) -> int:
         return self.learner.version
 
-    def warm_start(self, init_from_hf: bool) -> tuple[list[dict[str, Any]], float]:
-        """``model.init_from_hf`` weights and the format-only SFT of a fresh run; (sft records, sft seconds)."""
-        from labrl.harness.pipeline.runner import build_tokenizer, initialise_from_hf, make_env_factory
+    def warm_start(self, control: Any) -> tuple[list[dict[str, Any]], float]:
+        """``parts.warm_start`` here; (sft records, sft seconds). Polls ``control`` for a stop between steps."""
+        import ray
 
-        if init_from_hf and self.cfg.model.init_from_hf is not None:
-            initialise_from_hf(self.learner, self.cfg.model.init_from_hf, self.cfg.model.resolve())
+        from labrl.harness.backends.parts import build_tokenizer, make_env_factory, warm_start
+
+        def should_stop() -> bool:
+            return ray.get(control.stop_requested.remote())
+
         records: list[dict[str, Any]] = []
-        if not self.cfg.sft.enabled:
-            return records, 0.0
-        from labrl.harness.rollout.sft import run_sft
-
-        t0 = time.perf_counter()
-        asyncio.run(
-            run_sft(
-                self.learner.model, make_env_factory(self.cfg), build_tokenizer(self.cfg), self.cfg.sft,
-                seed=self.cfg.seed, on_step=records.append,
+        sft_s = asyncio.run(
+            warm_start(
+                self.learner, self.cfg, build_tokenizer(self.cfg), make_env_factory(self.cfg),
+                on_sft=records.append, should_stop=should_stop,
             )
         )  # fmt: skip
-        return records, time.perf_counter() - t0
+        return records, sft_s
 
     def train_step(self, batch: TrainBatch) -> tuple[dict[str, float], int]:
         metrics = self.learner.train_step(batch)
@@ -151,13 +156,17 @@ class SamplerActor:
         return self.sampler
 
     async def _start(self) -> None:
-        from labrl.harness.pipeline.runner import build_sampler_from, build_tokenizer
+        from labrl.harness.backends.parts import build_sampler_from, build_tokenizer, run_components
 
         await self.control.started.remote(self.name)
         version, refs = await self.control.policy.remote()
         weights = await refs[0]
+        tokenizer = build_tokenizer(self.cfg)
+        sampler_cfg = run_components(self.cfg, tokenizer).sampler
+        if self.urls is not None:  # this actor fronts its share of the SGLang servers only
+            sampler_cfg = sampler_cfg.model_copy(update={"urls": self.urls})
         self.sampler = await build_sampler_from(
-            self.cfg, weights, version, build_tokenizer(self.cfg), sglang_urls=self.urls
+            self.cfg, weights, version, tokenizer, sampler_cfg=sampler_cfg
         )
 
     async def ready(self) -> int:
@@ -195,10 +204,10 @@ class EnvWorker:
         reissue_timeout_s: float,
     ) -> None:  # fmt: skip
         from labrl.envs.lab.session import use_connection_factory
+        from labrl.harness.backends.parts import build_tokenizer, make_env_factory
         from labrl.harness.backends.ray.clients import RemoteSampler
         from labrl.harness.backends.ray.lab_gateway import gateway_factory
         from labrl.harness.backends.ray.transcripts import TranscriptSampler
-        from labrl.harness.pipeline.runner import build_tokenizer, make_env_factory
 
         self.cfg = _actor_setup(cfg_data)
         torch.set_num_threads(1)

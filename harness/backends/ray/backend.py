@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from labrl.harness.backends.base import RunParts
+from labrl.harness.backends.parts import EnvFactory, OnSFTStep, ShouldStop
 from labrl.harness.backends.ray.actors import Control, EnvWorker, LearnerActor, SamplerActor
 from labrl.harness.backends.ray.clients import EnvWorkerPool, LearnerClient, RemoteSampler
 from labrl.harness.backends.ray.config import RaySection
@@ -106,111 +107,153 @@ def _learner_options(r: RaySection) -> tuple[dict[str, Any], Any]:
     return options, pg
 
 
-async def start_ray(cfg: RunConfig, *, tokenizer: Tokenizer, resume: bool, on_sft: Callable[[dict], None]):
-    """Connect, check placement, start the actors; the ``RunParts`` of ``train``."""
-    import ray
+#: how often the driver looks for a stop request while the learner actor warm-starts
+STOP_POLL_S = 0.1
 
-    from labrl.envs.lab.session import use_connection_factory
-    from labrl.harness.pipeline.runner import RunParts
 
-    r = cfg.ray
-    started_ray = await asyncio.to_thread(connect, r)
-    check_placement(demands(cfg), await asyncio.to_thread(cluster_nodes))
-    data = cfg.model_dump(mode="json")
-    created: list[Any] = []
-    pgs: list[Any] = []
+async def remote_warm_start(
+    learner_actor: Any, control: Any, should_stop: ShouldStop
+) -> tuple[list[dict[str, Any]], float]:
+    """The learner actor's warm start (``parts.warm_start``); (sft records, sft seconds).
 
-    def new(cls: type, **options: Any) -> Any:
-        return ray.remote(cls).options(**options)
+    A stop requested here (polled every ``STOP_POLL_S``) reaches the actor through ``Control``,
+    which the actor polls between SFT steps.
+    """
+    stop_sent = should_stop()
+    if stop_sent:
+        await control.request_stop.remote()
+    call = asyncio.ensure_future(learner_actor.warm_start.remote(control))
+    while not call.done():
+        await asyncio.wait([call], timeout=STOP_POLL_S)
+        if not stop_sent and should_stop():
+            stop_sent = True
+            await control.request_stop.remote()
+    return call.result()
 
-    def name(role: str) -> str:
-        return actor_name(cfg.run_dir, role)
 
-    async def place(actors: list[Any], what: str) -> None:
-        """``actors`` join ``created`` (killed if the start fails) and must be ready within the placement timeout."""
-        created.extend(actors)
-        await asyncio.to_thread(wait_placed, [a.ready.remote() for a in actors], r.placement_timeout_s, what)
+class RayBackend:
+    """``backend=ray``: connect, check placement, start the actors; the ``RunParts`` of ``train``."""
 
-    try:
-        head = _head_affinity()
-        control = new(Control, num_cpus=0, scheduling_strategy=head, name=name("control")).remote()
-        # its transcripts on the head's disk, in the run directory (pinned there with the driver)
-        transcripts = Path(cfg.run_dir).resolve() / TRANSCRIPTS_FILE
-        if not resume:
-            discard_transcripts(transcripts)
-        gateway = new(
-            LabGateway, num_cpus=0, scheduling_strategy=head, max_restarts=-1, max_concurrency=100_000,
-            name=name("gateway"),
-        ).remote(str(transcripts))  # fmt: skip
-        created += [control, gateway]
-        learner_options, pg = await asyncio.to_thread(_learner_options, r)
-        pgs += [pg] if pg is not None else []
-        learner_actor = new(LearnerActor, name=name("learner"), **learner_options).remote(data)
-        created.append(learner_actor)
-        _, _, version = await asyncio.to_thread(
-            wait_placed,
-            [control.ping.remote(), gateway.ping.remote(), learner_actor.version.remote()],
-            r.placement_timeout_s,
-            "the learner actor (or the head-node actors)",
-        )
-        sft_s = 0.0
-        if not resume:
-            records, sft_s = await learner_actor.warm_start.remote(cfg.model.init_from_hf is not None)
-            for record in records:
-                on_sft(record)
-        version = await learner_actor.version.remote()  # after the warm start
-        learner = LearnerClient(learner_actor, cfg.run_dir, version)
-        await control.set_policy.remote(learner.version, [await asyncio.to_thread(learner.export_weights)])
-        urls = cfg.sampler.sglang.urls
-        samplers = [
-            new(
-                SamplerActor, num_cpus=r.cpus_per_sampler, num_gpus=r.gpus_per_sampler,
-                resources=dict(r.sampler_resources), max_restarts=r.sampler_max_restarts,
-                max_concurrency=100_000, name=name(f"sampler{i}"),
-            ).remote(data, control, f"sampler{i}", tuple(urls[i :: r.samplers]) if cfg.sampler.kind == "sglang" else None)
-            for i in range(r.samplers)
-        ]  # fmt: skip
-        await place(samplers, f"{r.samplers} sampler actor(s)")
-        sampler = RemoteSampler(
-            samplers, control, reissue_timeout_s=r.reissue_timeout_s, coalesce_s=r.generate_coalesce_s
-        )
-        sampler._version = learner.version
-        workers = [
-            new(
-                EnvWorker, num_cpus=r.cpus_per_env_worker, resources=dict(r.env_worker_resources),
-                max_restarts=r.env_worker_max_restarts, max_concurrency=100_000, name=name(f"env{i}"),
-                **({"scheduling_strategy": "SPREAD"} if r.spread_env_workers else {}),
-            ).remote(data, samplers, gateway, control, f"env{i}", r.reissue_timeout_s)
-            for i in range(r.env_workers)
-        ]  # fmt: skip
-        await place(workers, f"{r.env_workers} env worker(s)")
-    except BaseException:
-        for handle in created:
-            ray.kill(handle, no_restart=True)
-        if started_ray:
-            ray.shutdown()
-        raise
-    use_connection_factory(gateway_factory(gateway))  # the driver's eval episodes call the lab through it too
-    pool = EnvWorkerPool(workers, gateway, held=await gateway.held.remote())
-    monitor = RayMonitor(pool, sampler, control, gateway, learner)
+    async def start(
+        self,
+        cfg: RunConfig,
+        tokenizer: Tokenizer,
+        make_env: EnvFactory,
+        *,
+        resume: bool,
+        on_sft: OnSFTStep,
+        should_stop: ShouldStop,
+    ) -> RunParts:
+        """The env workers build their own env factory and tokenizer (``parts``); the driver's
+        ``make_env`` and ``tokenizer`` serve its evaluation episodes."""
+        import ray
 
-    async def close() -> dict[str, Any]:
-        summary = await monitor.summary()
-        pool.liveness.close()
-        sampler.liveness.close()
-        use_connection_factory(None)
-        for handle in created:
-            ray.kill(handle, no_restart=True)
-        for group in pgs:
-            ray.util.remove_placement_group(group)
-        if started_ray:
-            ray.shutdown()
-        return summary
+        from labrl.envs.lab.session import use_connection_factory
 
-    return RunParts(
-        learner=learner, sampler=sampler, sft_s=sft_s, play_group=pool.play, step_extras=monitor.step_record,
-        on_checkpoint=pool.checkpointed, close=close,
-    )  # fmt: skip
+        r = cfg.ray
+        started_ray = await asyncio.to_thread(connect, r)
+        check_placement(demands(cfg), await asyncio.to_thread(cluster_nodes))
+        data = cfg.model_dump(mode="json")
+        created: list[Any] = []
+        pgs: list[Any] = []
+
+        def new(cls: type, **options: Any) -> Any:
+            return ray.remote(cls).options(**options)
+
+        def name(role: str) -> str:
+            return actor_name(cfg.run_dir, role)
+
+        async def place(actors: list[Any], what: str) -> None:
+            """``actors`` join ``created`` (killed if the start fails) and must be ready within the placement timeout."""
+            created.extend(actors)
+            await asyncio.to_thread(
+                wait_placed, [a.ready.remote() for a in actors], r.placement_timeout_s, what
+            )
+
+        try:
+            head = _head_affinity()
+            control = new(Control, num_cpus=0, scheduling_strategy=head, name=name("control")).remote()
+            # its transcripts on the head's disk, in the run directory (pinned there with the driver)
+            transcripts = Path(cfg.run_dir).resolve() / TRANSCRIPTS_FILE
+            if not resume:
+                discard_transcripts(transcripts)
+            gateway = new(
+                LabGateway, num_cpus=0, scheduling_strategy=head, max_restarts=-1, max_concurrency=100_000,
+                name=name("gateway"),
+            ).remote(str(transcripts))  # fmt: skip
+            created += [control, gateway]
+            learner_options, pg = await asyncio.to_thread(_learner_options, r)
+            pgs += [pg] if pg is not None else []
+            learner_actor = new(LearnerActor, name=name("learner"), **learner_options).remote(data)
+            created.append(learner_actor)
+            _, _, version = await asyncio.to_thread(
+                wait_placed,
+                [control.ping.remote(), gateway.ping.remote(), learner_actor.version.remote()],
+                r.placement_timeout_s,
+                "the learner actor (or the head-node actors)",
+            )
+            sft_s = 0.0
+            if not resume:
+                records, sft_s = await remote_warm_start(learner_actor, control, should_stop)
+                for record in records:
+                    on_sft(record)
+            version = await learner_actor.version.remote()  # after the warm start
+            learner = LearnerClient(learner_actor, cfg.run_dir, version)
+            await control.set_policy.remote(
+                learner.version, [await asyncio.to_thread(learner.export_weights)]
+            )
+            urls = cfg.sampler.sglang.urls
+            samplers = [
+                new(
+                    SamplerActor, num_cpus=r.cpus_per_sampler, num_gpus=r.gpus_per_sampler,
+                    resources=dict(r.sampler_resources), max_restarts=r.sampler_max_restarts,
+                    max_concurrency=100_000, name=name(f"sampler{i}"),
+                ).remote(data, control, f"sampler{i}", tuple(urls[i :: r.samplers]) if cfg.sampler.kind == "sglang" else None)
+                for i in range(r.samplers)
+            ]  # fmt: skip
+            await place(samplers, f"{r.samplers} sampler actor(s)")
+            sampler = RemoteSampler(
+                samplers, control, version=learner.version, reissue_timeout_s=r.reissue_timeout_s,
+                coalesce_s=r.generate_coalesce_s,
+            )  # fmt: skip
+            workers = [
+                new(
+                    EnvWorker, num_cpus=r.cpus_per_env_worker, resources=dict(r.env_worker_resources),
+                    max_restarts=r.env_worker_max_restarts, max_concurrency=100_000, name=name(f"env{i}"),
+                    **({"scheduling_strategy": "SPREAD"} if r.spread_env_workers else {}),
+                ).remote(data, samplers, gateway, control, f"env{i}", r.reissue_timeout_s)
+                for i in range(r.env_workers)
+            ]  # fmt: skip
+            await place(workers, f"{r.env_workers} env worker(s)")
+        except BaseException:
+            for handle in created:
+                ray.kill(handle, no_restart=True)
+            if started_ray:
+                ray.shutdown()
+            raise
+        use_connection_factory(
+            gateway_factory(gateway)
+        )  # the driver's eval episodes call the lab through it too
+        pool = EnvWorkerPool(workers, gateway, held=await gateway.held.remote())
+        monitor = RayMonitor(pool, sampler, control, gateway, learner)
+
+        async def close() -> dict[str, Any]:
+            summary = await monitor.summary()
+            pool.liveness.close()
+            sampler.liveness.close()
+            use_connection_factory(None)
+            for handle in created:
+                ray.kill(handle, no_restart=True)
+            for group in pgs:
+                ray.util.remove_placement_group(group)
+            if started_ray:
+                ray.shutdown()
+            return summary
+
+        return RunParts(
+            learner=learner, sampler=sampler, sft_s=sft_s, play_group=pool.play, step_extras=monitor.step_record,
+            on_checkpoint=pool.checkpointed, close=close,
+        )  # fmt: skip
 
 
 class RayMonitor:

@@ -82,6 +82,7 @@ class RemoteSampler:
         actors: Sequence[Any],
         control: Any = None,
         *,
+        version: int = 0,
         reissue_timeout_s: float = 300.0,
         coalesce_s: float = 0.002,
     ) -> None:
@@ -94,7 +95,7 @@ class RemoteSampler:
         self.reissue_timeout_s = reissue_timeout_s
         self.counters: Counter[str] = Counter()
         self.liveness = _Prober(self.actors, "ready")
-        self._version = 0
+        self._version = version  # the policy version the sampler actors start from
         self._next = 0
 
     @property
