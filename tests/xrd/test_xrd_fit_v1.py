@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -18,7 +20,10 @@ from labrl.verifiers.xrd.profile import Instrument
 V1 = FitConfig(version="v1")
 
 # fit_phase_ids(..., FitConfig()) on the true phases of xrd/phase-id-v0 tasks, recorded at main 895bacc
-# (before the v1 fit existed): the v0 label-free reward must not move by one bit.
+# (before the v1 fit existed) with OpenBLAS's SkylakeX kernels. The bits are those of one BLAS kernel:
+# the Zen kernels (AMD EPYC, 2026-11-26) move the same code at 779c967 by up to 1.2e-13 relative, and
+# OPENBLAS_CORETYPE=SkylakeX brings the pinned bits back. So the pin holds to 1e-12 relative, a
+# thousand times tighter than any change of the fit itself, and not to the kernel's rounding.
 PINNED_V0 = {
     (2, 3): ("0x1.d806583a70212p-1", "0x1.41a496c19c4d0p-4"),
     (3, 5): ("0x1.879a09db2f38ap-1", "0x1.51ef0d05aeb3bp-3"),
@@ -42,7 +47,9 @@ def test_v0_reward_is_bit_identical_to_main(tier, seed):
     obs, inst, truth = _task(tier, seed)
     for claimed in (None, {pid: 0.5 for pid in truth}):  # v0 ignores claimed fractions
         fit = fit_phase_ids(obs["two_theta"], obs["counts"], tuple(truth), inst, FitConfig(), claimed)
-        assert (fit.reward.hex(), fit.rwp.hex()) == PINNED_V0[(tier, seed)]
+        reward, rwp = (float.fromhex(h) for h in PINNED_V0[(tier, seed)])
+        assert math.isclose(fit.reward, reward, rel_tol=1e-12, abs_tol=0.0)
+        assert math.isclose(fit.rwp, rwp, rel_tol=1e-12, abs_tol=0.0)
         assert fit.version == "v0" and "version" not in fit.summary()
 
 
