@@ -102,7 +102,8 @@ def stale_paths(
     A reference resolves when some file's path ends with it (``pipeline/runner.py`` names
     ``harness/pipeline/runner.py``), after mapping installed paths (``labrl/harness/x.py``)
     to the repository's folders; a ``#anchor`` on a Markdown file must be one of its headings.
-    Paths of files the reader creates are named ``my_*`` and are not checked.
+    Paths of files the reader creates are named ``my_*`` (``configs/my_run.yaml``) or sit in the ``mylab``
+    package of docs/envs.md's recipe) and are not checked.
     """
     files = _walk(root)
     endings: dict[str, Path] = {}
@@ -124,7 +125,7 @@ def stale_paths(
                 name = ref.removeprefix("./")
             for installed, folder in installed_as.items():
                 name = folder + name.removeprefix(installed) if name.startswith(installed) else name
-            if name.startswith(ELSEWHERE) or name.rsplit("/", 1)[-1].startswith("my_"):
+            if name.startswith(ELSEWHERE) or any(part.startswith(("my_", "mylab")) for part in name.split("/")):
                 continue
             target = endings.get(name)
             where = f"{path.relative_to(root)}:{text.count(chr(10), 0, match.start()) + 1}"

@@ -299,5 +299,5 @@ async def test_impossible_placements_fail_fast_with_a_message(ray_cluster, tmp_p
         await train(cfg)
     assert not [a for a in ray.util.list_named_actors() if str(tmp_path) in a]  # nothing was started
     # nothing trained or checkpointed; the failure is in the run's errors log with its message
-    assert sorted(p.name for p in (tmp_path / "bad").iterdir()) == ["config.yaml", "errors.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "bad").iterdir()) == ["config.yaml", "effective.json", "errors.jsonl"]
     assert "PlacementError" in (tmp_path / "bad" / "errors.jsonl").read_text()
