@@ -103,7 +103,7 @@ def stale_paths(
     ``harness/pipeline/runner.py``), after mapping installed paths (``labrl/harness/x.py``)
     to the repository's folders; a ``#anchor`` on a Markdown file must be one of its headings.
     Paths of files the reader creates are named ``my_*`` (``configs/my_run.yaml``) or sit in the ``mylab``
-    package of docs/envs.md's recipe) and are not checked.
+    package of docs/envs.md's recipe, and are not checked.
     """
     files = _walk(root)
     endings: dict[str, Path] = {}
@@ -125,7 +125,9 @@ def stale_paths(
                 name = ref.removeprefix("./")
             for installed, folder in installed_as.items():
                 name = folder + name.removeprefix(installed) if name.startswith(installed) else name
-            if name.startswith(ELSEWHERE) or any(part.startswith(("my_", "mylab")) for part in name.split("/")):
+            if name.startswith(ELSEWHERE) or any(
+                part.startswith(("my_", "mylab")) for part in name.split("/")
+            ):
                 continue
             target = endings.get(name)
             where = f"{path.relative_to(root)}:{text.count(chr(10), 0, match.start()) + 1}"
