@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.labrl-installed
 
-.PHONY: run test dry-run lint bench-envs clean-venv
+.PHONY: run test dry-run lint typecheck typecheck-update typecheck-baseline bench-envs clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,12 +25,27 @@ run: $(STAMP)
 dry-run: $(STAMP)
 	$(BIN)/labrl envs dry-run
 
+# extra pytest arguments, e.g. `make test PYTEST_ARGS="-n 2 --dist loadfile"` (pytest-xdist, docs/development.md)
+PYTEST_ARGS ?=
+
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# mypy on the package, each file held at or under .ci/mypy-baseline.json (docs/development.md)
+typecheck: $(STAMP)
+	$(BIN)/python .ci/typecheck.py
+
+# lower the baseline where errors were fixed (never raises it)
+typecheck-update: $(STAMP)
+	$(BIN)/python .ci/typecheck.py --update
+
+# rewrite the baseline to today's counts (after a merge that moved files)
+typecheck-baseline: $(STAMP)
+	$(BIN)/python .ci/typecheck.py --reset
 
 bench-envs: $(STAMP)
 	$(BIN)/python benchmarks/env_throughput.py
