@@ -85,7 +85,7 @@ def summarise(rows: list[dict], evals: list[dict]) -> str:
         return "no learner steps recorded"
     last = rows[-1]
     tail = rows[-max(1, len(rows) // 10) :]
-    stale = Counter()
+    stale: Counter[int] = Counter()
     for r in rows:
         for k, n in (r.get("staleness/hist") or {}).items():
             stale[int(k)] += n
@@ -164,7 +164,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, x: XAxis
     ax.set_title("failed episodes (env / verifier / timeout) per step")
     save(fig, ax, "errors.png")
 
-    stale = Counter()
+    stale: Counter[int] = Counter()
     for r in rows:
         for k, n in (r.get("staleness/hist") or {}).items():
             stale[int(k)] += n

@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
 from labrl._warnings import quiet_expected_warnings
 
-SUPPORT = Path(__file__).parent / "support"
-# Process-pool workers and subprocesses import fixture envs from here.
-if str(SUPPORT) not in sys.path:
-    sys.path.insert(0, str(SUPPORT))
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH", "")]))
-
 
 def pytest_configure(config: pytest.Config) -> None:
+    # pytest puts the ini's `pythonpath` folders on sys.path of this process only; child processes
+    # (subprocess CLIs, process-pool and Ray workers) import the same fixture modules by name
+    inherited = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    paths = [str(p) for p in config.getini("pythonpath")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in [*paths, *inherited] if p))
+
     # pytest rebuilds warning filters for every test from its ini filters: add ours there
     from labrl._warnings import expected_warnings
 

@@ -78,9 +78,6 @@ async def test_sampler_actor_fronts_an_sglang_server_and_moves_its_weights(ray_c
     SGLang's API, serving with the local sampler on CPU): the sampler actor fronts it, the server starts
     from other weights than the learner's, and every policy version reaches it in order, in flight
     (retract, update from disk, continue); the behaviour log-probs are the learner's."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).parents[1] / "sglang"))
     from sglang_pipeline_check import other_init_checkpoint
 
     from labrl.testing.fake_sglang_server import ServerThread, local_fake_server
