@@ -25,8 +25,9 @@ run: $(STAMP)
 dry-run: $(STAMP)
 	$(BIN)/labrl envs dry-run
 
-# extra pytest arguments, e.g. `make test PYTEST_ARGS="-n 2 --dist loadfile"` (pytest-xdist, docs/development.md)
-PYTEST_ARGS ?=
+# two pytest-xdist workers, one test file each at a time (docs/development.md);
+# `make test PYTEST_ARGS=` runs in one process, `PYTEST_ARGS=tests/lab` one folder
+PYTEST_ARGS ?= -n 2 --dist loadfile
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -15,6 +15,13 @@ def pytest_configure(config: pytest.Config) -> None:
     inherited = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     paths = [str(p) for p in config.getini("pythonpath")]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in [*paths, *inherited] if p))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        # pytest-xdist workers share the cores: torch's default pool of one thread per core in each
+        # worker oversubscribes them (measured: 3x the CPU time for tests/learner on 2 workers)
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
     # pytest rebuilds warning filters for every test from its ini filters: add ours there
     from labrl._warnings import expected_warnings
