@@ -130,10 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         print("typecheck: more mypy errors than the baseline allows (.ci/mypy-baseline.json):")
         for f, (n, limit) in sorted(over.items()):
             print(f"  {f}: {n} (baseline {limit})")
-        wanted = set(over)
         for line in report.splitlines():
-            if (match := ERROR_LINE.match(line)) and repo_path(match["path"], mapping) in wanted:
-                print("  " + line)
+            if (match := ERROR_LINE.match(line)) and (path := repo_path(match["path"], mapping)) in over:
+                print("  " + path + line[match.end("path") :])
+        print("Fix them (or, if files moved, regenerate the baseline: `make typecheck-baseline`).")
         return 1
     print(f"typecheck: {total} mypy errors in {len(counts)} files, baseline allows {allowed}")
     if under and not args.update:
