@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.labrl-installed
 
-.PHONY: run test dry-run lint bench-envs clean-venv
+.PHONY: run test dry-run lint typecheck typecheck-update typecheck-baseline bench-envs clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,12 +25,28 @@ run: $(STAMP)
 dry-run: $(STAMP)
 	$(BIN)/labrl envs dry-run
 
+# two pytest-xdist workers, one test file each at a time (docs/development.md);
+# `make test PYTEST_ARGS=` runs in one process, `PYTEST_ARGS=tests/lab` one folder
+PYTEST_ARGS ?= -n 2 --dist loadfile
+
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# mypy on the package, each file held at or under .ci/mypy-baseline.json (docs/development.md)
+typecheck: $(STAMP)
+	$(BIN)/python .ci/typecheck.py
+
+# lower the baseline where errors were fixed (never raises it)
+typecheck-update: $(STAMP)
+	$(BIN)/python .ci/typecheck.py --update
+
+# rewrite the baseline to today's counts (after a merge that moved files)
+typecheck-baseline: $(STAMP)
+	$(BIN)/python .ci/typecheck.py --reset
 
 bench-envs: $(STAMP)
 	$(BIN)/python benchmarks/env_throughput.py

@@ -120,7 +120,7 @@ class LiveProgress:
 
     def update(self, record: Mapping[str, Any]) -> None:
         line = summary_line(record, self.total_steps)
-        if self._progress is not None:
+        if self._progress is not None and self._task is not None:
             self._progress.update(self._task, completed=record["step"], info=line.split("  ", 1)[1])
         elif record["step"] % self.print_every == 0 or record["step"] == self.total_steps:
             print(line, file=self.stream, flush=True)

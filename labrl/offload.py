@@ -34,13 +34,13 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from labrl.errors import ConfigError, EnvError, EnvTimeoutError
 
 T = TypeVar("T")
 
-_MP_CONTEXT = "forkserver"
+_MP_CONTEXT: Final = "forkserver"
 _pool: ProcessPoolExecutor | None = None
 _pool_lock = threading.Lock()
 

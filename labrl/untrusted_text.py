@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -77,7 +77,9 @@ def _as_pattern(tag: str | re.Pattern[str], flags: int) -> re.Pattern[str]:
     return tag if isinstance(tag, re.Pattern) else re.compile(re.escape(tag), flags)
 
 
-def iter_blocks(text: str, open_tag: str, close_tag: str, *, ignore_case: bool = False):
+def iter_blocks(
+    text: str, open_tag: str | re.Pattern[str], close_tag: str | re.Pattern[str], *, ignore_case: bool = False
+) -> Iterator[tuple[str, bool]]:
     """Yield ``(body, closed)`` for each ``open_tag ... close_tag`` block, left to right, in linear time.
 
     Blocks are matched like a non-greedy regex: an opening pairs with the next
@@ -99,7 +101,9 @@ def iter_blocks(text: str, open_tag: str, close_tag: str, *, ignore_case: bool =
         pos = closed.end()
 
 
-def last_block(text: str, open_tag: str, close_tag: str, *, ignore_case: bool = False) -> str | None:
+def last_block(
+    text: str, open_tag: str | re.Pattern[str], close_tag: str | re.Pattern[str], *, ignore_case: bool = False
+) -> str | None:
     """The body of the last closed ``open_tag ... close_tag`` block, or None (linear time)."""
     last = None
     for body, closed in iter_blocks(text, open_tag, close_tag, ignore_case=ignore_case):

@@ -3,21 +3,33 @@
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
 from labrl._warnings import quiet_expected_warnings
 
-SUPPORT = Path(__file__).parent / "support"
-# Process-pool workers and subprocesses import fixture envs from here.
-if str(SUPPORT) not in sys.path:
-    sys.path.insert(0, str(SUPPORT))
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH", "")]))
+
+def export_pythonpath(config: pytest.Config) -> None:
+    """pytest puts the ini's ``pythonpath`` folders on sys.path of this process only; child processes
+    (subprocess CLIs, process-pool and Ray workers) import the same fixture modules by name."""
+    inherited = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    paths = [str(p) for p in config.getini("pythonpath")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in [*paths, *inherited] if p))
+
+
+def share_cores_between_xdist_workers() -> None:
+    """torch's default pool, one thread per core, in each pytest-xdist worker oversubscribes the cores
+    (tests/learner on 2 workers took 3x the CPU time of one process): each worker gets its share."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    export_pythonpath(config)
+    share_cores_between_xdist_workers()
     # pytest rebuilds warning filters for every test from its ini filters: add ours there
     from labrl._warnings import expected_warnings
 

@@ -115,7 +115,9 @@ class LatticeConstantEnv(Env):
         )
         self.calc.check(set(elements), {"lattice"})  # unsupported elements fail here, not mid-run
         check_starting_radii(elements)
-        self.tasks = {split: [] for split in ("train", "test")}
+        self.tasks: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
+            split: [] for split in ("train", "test")
+        }
         for proto, elems in _catalogue(elements, prototypes):
             task_id = f"{proto}-{'-'.join(elems)}"
             self.tasks[split_of(task_id)].append((task_id, proto, elems))

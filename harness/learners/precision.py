@@ -19,6 +19,8 @@ format; what it needs from mixed precision is the three lines below.
 
 from __future__ import annotations
 
+from typing import TypedDict, Unpack
+
 import torch
 
 
@@ -82,8 +84,17 @@ class FP32MasterParams:
         self.copy_to_model()
 
 
+class AdamWOptions(TypedDict, total=False):
+    """The AdamW settings labrl passes (torch's defaults for the others)."""
+
+    lr: float
+    betas: tuple[float, float]
+    eps: float
+    weight_decay: float
+
+
 def adamw_with_precision(
-    params: list[torch.nn.Parameter], **adamw: float | tuple[float, float]
+    params: list[torch.nn.Parameter], **adamw: Unpack[AdamWOptions]
 ) -> tuple[torch.optim.AdamW, FP32MasterParams | None]:
     """AdamW for ``params`` in their dtype: over fp32 master copies when they are low precision.
 

@@ -42,16 +42,19 @@ def group_stats(rewards_B: torch.Tensor, group_ids_B: torch.Tensor) -> GroupStat
     rewards = rewards_B.to(torch.float64)
     _, inverse_B = torch.unique(group_ids_B, return_inverse=True)
     num_groups = int(inverse_B.max().item()) + 1 if inverse_B.numel() else 0
-    opts = {"dtype": torch.float64, "device": rewards.device}
-    size_G = torch.zeros(num_groups, **opts).scatter_add_(0, inverse_B, torch.ones_like(rewards))
-    sum_G = torch.zeros(num_groups, **opts).scatter_add_(0, inverse_B, rewards)
+
+    def filled_G(value: float) -> torch.Tensor:
+        return torch.full((num_groups,), value, dtype=torch.float64, device=rewards.device)
+
+    size_G = filled_G(0.0).scatter_add_(0, inverse_B, torch.ones_like(rewards))
+    sum_G = filled_G(0.0).scatter_add_(0, inverse_B, rewards)
     mean_G = sum_G / size_G
     dev_B = rewards - mean_G[inverse_B]
-    ss_G = torch.zeros(num_groups, **opts).scatter_add_(0, inverse_B, dev_B.square())
+    ss_G = filled_G(0.0).scatter_add_(0, inverse_B, dev_B.square())
     std_G = torch.where(size_G > 1, (ss_G / (size_G - 1).clamp(min=1)).sqrt(), torch.zeros_like(ss_G))
     # Exact equality of rewards, not a tolerance: 0/1 rewards are the common case.
-    max_G = torch.full((num_groups,), -torch.inf, **opts).scatter_reduce_(0, inverse_B, rewards, "amax")
-    min_G = torch.full((num_groups,), torch.inf, **opts).scatter_reduce_(0, inverse_B, rewards, "amin")
+    max_G = filled_G(-torch.inf).scatter_reduce_(0, inverse_B, rewards, "amax")
+    min_G = filled_G(torch.inf).scatter_reduce_(0, inverse_B, rewards, "amin")
     zero_G = max_G == min_G
     return GroupStats(
         mean_B=mean_G[inverse_B],

@@ -132,9 +132,9 @@ class ObjectiveInputs:
             if tuple(t.shape) != shape[:1]:
                 raise ConfigError(f"{name} has shape {tuple(t.shape)}, expected ({shape[0]},)")
         for name in ("old_logprobs_B_T", "behaviour_logprobs_B_T", "ref_logprobs_B_T"):
-            t = per_token.get(name)
-            if t is not None and not t.is_floating_point():
-                raise ConfigError(f"{name} must be a float tensor, got {t.dtype}")
+            given = per_token.get(name)
+            if given is not None and not given.is_floating_point():
+                raise ConfigError(f"{name} must be a float tensor, got {given.dtype}")
         if not self.rewards_B.is_floating_point():
             raise ConfigError(f"rewards_B must be a float tensor, got {self.rewards_B.dtype}")
         if not torch.isfinite(self.rewards_B).all():

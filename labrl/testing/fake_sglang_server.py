@@ -43,7 +43,7 @@ import asyncio
 import hashlib
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -224,7 +224,7 @@ class FakeSGLangServer:
                 if r.reprefill:  # resumed after a retract: every row is routed again, under today's weights
                     r.rows = []
                     r.reprefill = False
-                    fed = range(0, len(r.prompt) + len(r.out))
+                    fed: Sequence[int] = range(0, len(r.prompt) + len(r.out))
                 elif not r.out:
                     fed = range(0, len(r.prompt))
                 else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sqlite3
 import subprocess
@@ -74,8 +75,7 @@ def test_submit_status_is_a_declared_capability():
 
 CRASHING_CONSUMER = textwrap.dedent(
     """
-    import asyncio, os, signal, sys
-    sys.path.insert(0, {tests!r})
+    import asyncio, os, signal
     from test_journal_recovery import InstantLab
     from labrl.lab_adapters.job_journal import Journal
     from labrl.lab_adapters.journaled_lab import JournaledLab
@@ -94,8 +94,16 @@ CRASHING_CONSUMER = textwrap.dedent(
 
 async def test_result_stored_before_a_kill_is_handed_over_on_resume(tmp_path):
     path = tmp_path / "j.sqlite"
-    script = CRASHING_CONSUMER.format(tests=str(Path(__file__).parent), path=str(path))
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    script = CRASHING_CONSUMER.format(path=str(path))
+    # the child imports InstantLab from this module by name
+    pythonpath = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": pythonpath},
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     got: list[tuple[str, JobStatus]] = []
     journal = Journal(path)

@@ -1,18 +1,11 @@
-"""Shared set-up of the pipeline tests: the fakes module is importable from here."""
+"""Shared set-up of the pipeline tests (the fakes module, pipeline_fakes.py, is on pytest's pythonpath)."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from labrl.envs import deregister, register
-
-HERE = str(Path(__file__).parent)
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 
 torch.set_num_threads(1)
 

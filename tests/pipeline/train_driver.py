@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 from labrl.envs import register
 

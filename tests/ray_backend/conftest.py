@@ -8,14 +8,7 @@ worker process runs ``ray_test_envs.register_all`` (Ray's
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-HERE = str(Path(__file__).parent)
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 
 ray = pytest.importorskip("ray")
 

@@ -97,9 +97,6 @@ async def test_sampler_actor_fronts_an_sglang_server_and_moves_its_weights(ray_c
     SGLang's API, serving with the local sampler on CPU): the sampler actor fronts it, the server starts
     from other weights than the learner's, and every policy version reaches it in order, in flight
     (retract, update from disk, continue); the behaviour log-probs are the learner's."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).parents[1] / "sglang"))
     from sglang_pipeline_check import other_init_checkpoint
 
     from labrl.testing.fake_sglang_server import ServerThread, local_fake_server
@@ -299,5 +296,9 @@ async def test_impossible_placements_fail_fast_with_a_message(ray_cluster, tmp_p
         await train(cfg)
     assert not [a for a in ray.util.list_named_actors() if str(tmp_path) in a]  # nothing was started
     # nothing trained or checkpointed; the failure is in the run's errors log with its message
-    assert sorted(p.name for p in (tmp_path / "bad").iterdir()) == ["config.yaml", "effective.json", "errors.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "bad").iterdir()) == [
+        "config.yaml",
+        "effective.json",
+        "errors.jsonl",
+    ]
     assert "PlacementError" in (tmp_path / "bad" / "errors.jsonl").read_text()

@@ -1,14 +1,8 @@
-"""Fixtures for the SGLang tests; helpers live in sglang_toy.py (importable: this folder is put on sys.path)."""
+"""Fixtures for the SGLang tests; helpers live in sglang_toy.py (importable: this folder is on pytest's pythonpath)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
 from sglang_pipeline_check import parity_env  # noqa: F401 (a fixture, shared with tests/gpu)
 
 from labrl.testing.fake_sglang_server import FakeSGLangServer, ServerThread

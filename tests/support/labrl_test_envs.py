@@ -1,7 +1,7 @@
 """Fixture envs that exercise every budget and outcome of the Env contract.
 
 They live outside the test modules so that process-pool workers and
-subprocesses can import them (tests/conftest.py puts this folder on sys.path).
+subprocesses can import them (pytest's pythonpath, which tests/conftest.py exports to child processes).
 """
 
 from __future__ import annotations

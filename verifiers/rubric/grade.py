@@ -128,13 +128,13 @@ class RubricGrader:
         for item in rubric.items:
             assert item.id is not None
             if isinstance(item, LLMItem):
-                values = [m[item.id] for m in members]
-                final[item.id] = aggregate(values, self.aggregate)
+                scores = [m[item.id] for m in members]
+                final[item.id] = aggregate(scores, self.aggregate)
                 results.append(
                     ItemResult(
                         id=item.id, kind=item.kind, polarity=item.polarity, weight=item.weight,
-                        score=final[item.id], member_scores=tuple(values), std=statistics.pstdev(values),
-                        range=max(values) - min(values), rationales=tuple(rationales[item.id]),
+                        score=final[item.id], member_scores=tuple(scores), std=statistics.pstdev(scores),
+                        range=max(scores) - min(scores), rationales=tuple(rationales[item.id]),
                     )
                 )  # fmt: skip
             else:

@@ -41,7 +41,7 @@ import json
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Literal
 
 import httpx
@@ -316,13 +316,13 @@ class JudgeClient:
             await self._sleep(delay)
 
 
-async def _gather(coros: Sequence[Awaitable[Any]]) -> list[Any]:
+async def _gather(coros: Sequence[Coroutine[Any, Any, Any]]) -> list[Any]:
     """Run ``coros`` concurrently; the first failure cancels the rest and is raised as itself."""
     if not coros:
         return []
     try:
         async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(c) for c in coros]  # type: ignore[arg-type]
+            tasks = [group.create_task(c) for c in coros]
     except BaseExceptionGroup as group_error:
         first = group_error.exceptions[0]
         while isinstance(first, BaseExceptionGroup):
