@@ -154,31 +154,39 @@ LEARNER_DERIVED = frozenset({"model", "parallel", "objective", "temperature", "s
 LOCAL_SAMPLER_DERIVED = frozenset({"seed", "pad_token_id"})
 SGLANG_SAMPLER_DERIVED = frozenset(MODEL_SHAPE_FIELDS)
 
-LearnerSection = component_section(LearnerConfig, "LearnerSection", derived=LEARNER_DERIVED)
-LocalSamplerSection = component_section(
-    LocalSamplerConfig, "LocalSamplerSection", derived=LOCAL_SAMPLER_DERIVED
-)
-SGLangSamplerSection = component_section(
-    SGLangSamplerConfig,
-    "SGLangSamplerSection",
-    derived=SGLANG_SAMPLER_DERIVED,
-    replace={
-        "urls": (
-            tuple[str, ...],
-            Field(
-                default=(), description="SGLang server base URLs, e.g. http://10.0.0.5:30000 (kind=sglang)"
-            ),
-        )
-    },
-)
+if typing.TYPE_CHECKING:
+    # A generated section has its component's fields (minus the derived ones): the type checker reads it
+    # as the component, so ``cfg.learner.precision`` is checked against ``LearnerConfig``.
+    LearnerSection = LearnerConfig
+    LocalSamplerSection = LocalSamplerConfig
+    SGLangSamplerSection = SGLangSamplerConfig
+else:
+    LearnerSection = component_section(LearnerConfig, "LearnerSection", derived=LEARNER_DERIVED)
+    LocalSamplerSection = component_section(
+        LocalSamplerConfig, "LocalSamplerSection", derived=LOCAL_SAMPLER_DERIVED
+    )
+    SGLangSamplerSection = component_section(
+        SGLangSamplerConfig,
+        "SGLangSamplerSection",
+        derived=SGLANG_SAMPLER_DERIVED,
+        replace={
+            "urls": (
+                tuple[str, ...],
+                Field(
+                    default=(),
+                    description="SGLang server base URLs, e.g. http://10.0.0.5:30000 (kind=sglang)",
+                ),
+            )
+        },
+    )
 
 
 class SamplerSection(_Section):
     """Which sampler runs (``kind``), its config (``local`` or ``sglang``), and the sampling parameters."""
 
     kind: Literal["local", "sglang"] = "local"
-    local: LocalSamplerSection = Field(default_factory=LocalSamplerSection)  # type: ignore[valid-type]
-    sglang: SGLangSamplerSection = Field(default_factory=SGLangSamplerSection)  # type: ignore[valid-type]
+    local: LocalSamplerSection = Field(default_factory=LocalSamplerSection)
+    sglang: SGLangSamplerSection = Field(default_factory=SGLangSamplerSection)
     temperature: float = Field(default=1.0, gt=0.0, description="also the learner's logits temperature")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(default=32, ge=1)
@@ -195,7 +203,7 @@ class RunConfig(_Section):
     model: ModelSection = Field(default_factory=ModelSection)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig, json_schema_extra=IDENTITY)
     sampler: SamplerSection = Field(default_factory=SamplerSection)
-    learner: LearnerSection = Field(default_factory=LearnerSection)  # type: ignore[valid-type]
+    learner: LearnerSection = Field(default_factory=LearnerSection)
     objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
     pipeline: PipelineSection = Field(default_factory=PipelineSection)
     sft: SFTSection = Field(default_factory=SFTSection)
