@@ -151,6 +151,7 @@ async def main_async(args) -> dict[str, Any]:
     import ray
 
     from labrl.envs import make
+    from labrl.harness.backends.base import RunStart
     from labrl.harness.backends.parts import build_learner, build_sampler, build_tokenizer, run_components
     from labrl.harness.backends.ray.backend import RayBackend, actor_name
     from labrl.harness.backends.ray.clients import EnvWorkerPool
@@ -171,9 +172,7 @@ async def main_async(args) -> dict[str, Any]:
     env = make(ENV_ID, latency_p50=args.latency_p50)
     t0 = time.perf_counter()
     make_env = lambda: make(ENV_ID, latency_p50=args.latency_p50)  # noqa: E731
-    parts = await RayBackend().start(
-        cfg, tokenizer, make_env, resume=False, on_sft=lambda r: None, should_stop=lambda: False
-    )
+    parts = await RayBackend().start(RunStart(cfg, tokenizer, make_env))
     startup_s = time.perf_counter() - t0
     workers = [ray.get_actor(actor_name(str(run_dir), f"env{i}")) for i in range(top)]
     gateway = ray.get_actor(actor_name(str(run_dir), "gateway"))

@@ -47,21 +47,25 @@ class RunParts:
     close: CloseBackend = field(default=_nothing_to_close)
 
 
-@runtime_checkable
-class Backend(Protocol):
-    """Starts a run's parts; on a fresh run (``resume`` False) it runs the warm start first.
+@dataclass(frozen=True)
+class RunStart:
+    """What ``train`` hands a backend: the run, the driver's tokenizer and env factory, and the warm start's hooks.
 
-    ``on_sft`` receives each warm-start record; ``should_stop`` (polled between
-    warm-start steps) ends the warm start early.
+    ``resume``: a checkpoint will be loaded, so no warm start. ``on_sft``
+    receives each warm-start record; ``should_stop`` (polled between warm-start
+    steps) ends the warm start early.
     """
 
-    async def start(
-        self,
-        cfg: RunConfig,
-        tokenizer: Tokenizer,
-        make_env: EnvFactory,
-        *,
-        resume: bool,
-        on_sft: OnSFTStep,
-        should_stop: ShouldStop,
-    ) -> RunParts: ...
+    cfg: RunConfig
+    tokenizer: Tokenizer
+    make_env: EnvFactory
+    resume: bool = False
+    on_sft: OnSFTStep = field(default=lambda record: None)
+    should_stop: ShouldStop = field(default=lambda: False)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Starts a run's parts (``RunStart``); on a fresh run it runs the warm start first."""
+
+    async def start(self, run: RunStart) -> RunParts: ...

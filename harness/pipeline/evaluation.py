@@ -14,6 +14,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from labrl.envs.base import Env
@@ -24,26 +25,20 @@ from labrl.harness.tokenizer import Tokenizer
 from labrl.harness.types import Sampler, SamplingParams, Trajectory
 
 
+@dataclass
 class EvalOnTestSplit:
-    """Plays test tasks ``0 .. size-1`` at most ``concurrency`` at a time, one fresh env each."""
+    """Plays test tasks ``0 .. size-1`` at most ``concurrency`` at a time, one fresh env each.
 
-    def __init__(
-        self,
-        make_env: Callable[[], Env],
-        tokenizer: Tokenizer,
-        sampling: SamplingParams,
-        *,
-        size: int,
-        concurrency: int,
-        errors: ErrorLog | None = None,
-    ) -> None:
-        """``sampling``: the evaluation's own (its temperature and seed), not the training one."""
-        self.make_env = make_env
-        self.tokenizer = tokenizer
-        self.sampling = sampling
-        self.size = size
-        self.concurrency = concurrency
-        self.errors = errors
+    ``sampling``: the evaluation's own (its temperature and seed), not the training one.
+    """
+
+    make_env: Callable[[], Env]
+    tokenizer: Tokenizer
+    sampling: SamplingParams
+    _: KW_ONLY
+    size: int
+    concurrency: int
+    errors: ErrorLog | None = None
 
     async def run(self, sampler: Sampler, step: int, *, time_s: Callable[[], float]) -> dict[str, Any]:
         """The record of the evaluation at ``step``; ``time_s`` reads the run's clock when it ends."""

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from labrl.errors import ConfigError, LabrlError, RunFailedError
-from labrl.harness.backends.base import Backend, RunParts
+from labrl.harness.backends.base import Backend, RunParts, RunStart
 from labrl.harness.backends.inprocess import InProcessBackend
 from labrl.harness.backends.parts import EnvFactory, build_tokenizer, make_env_factory, run_components
 from labrl.harness.config import (
@@ -209,7 +209,7 @@ async def _train(
             live.message(f"sft step {r['sft_step']}/{cfg.sft.steps}  loss {r['loss']:.3f}")
 
     try:
-        parts = await select_backend(cfg.backend).start(
+        run = RunStart(
             cfg,
             tokenizer,
             make_env,
@@ -217,6 +217,7 @@ async def _train(
             on_sft=on_sft,
             should_stop=lambda: stop.requested,
         )
+        parts = await select_backend(cfg.backend).start(run)
     finally:
         if sft_writer is not None:
             sft_writer.close()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from labrl.harness.backends import parts
-from labrl.harness.backends.base import Backend, RunParts
+from labrl.harness.backends.base import Backend, RunParts, RunStart
 from labrl.harness.backends.inprocess import InProcessBackend
 from labrl.harness.backends.ray.backend import RayBackend
 from labrl.harness.config import build_run_config
@@ -68,14 +68,14 @@ async def test_inprocess_backend_warm_starts_a_fresh_run_only(letter_env, tmp_pa
     tokenizer, make_env = parts.build_tokenizer(cfg), parts.make_env_factory(cfg)
     seen: list[dict] = []
     run_parts = await InProcessBackend().start(
-        cfg, tokenizer, make_env, resume=False, on_sft=seen.append, should_stop=lambda: len(seen) >= 1
+        RunStart(cfg, tokenizer, make_env, on_sft=seen.append, should_stop=lambda: len(seen) >= 1)
     )
     assert isinstance(run_parts, RunParts) and [r["sft_step"] for r in seen] == [1]
     assert run_parts.sampler.version == run_parts.learner.version == 0
     assert await run_parts.close() == {}
     seen.clear()
     resumed = await InProcessBackend().start(
-        cfg, tokenizer, make_env, resume=True, on_sft=seen.append, should_stop=lambda: False
+        RunStart(cfg, tokenizer, make_env, resume=True, on_sft=seen.append)
     )
     assert seen == [] and resumed.sft_s == 0.0
 

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from labrl.harness.backends.base import RunParts
-from labrl.harness.backends.parts import EnvFactory, OnSFTStep, ShouldStop
+from labrl.harness.backends.base import RunParts, RunStart
+from labrl.harness.backends.parts import ShouldStop
 from labrl.harness.backends.ray.actors import Control, EnvWorker, LearnerActor, SamplerActor
 from labrl.harness.backends.ray.clients import EnvWorkerPool, LearnerClient, RemoteSampler
 from labrl.harness.backends.ray.config import RaySection
@@ -29,7 +29,6 @@ from labrl.harness.backends.ray.placement import Demand, check_placement, cluste
 from labrl.harness.backends.ray.transcript_store import FILE_NAME as TRANSCRIPTS_FILE
 from labrl.harness.backends.ray.transcript_store import discard as discard_transcripts
 from labrl.harness.config import RunConfig
-from labrl.harness.tokenizer import Tokenizer
 
 
 def actor_name(run_dir: str, role: str) -> str:
@@ -134,18 +133,10 @@ async def remote_warm_start(
 class RayBackend:
     """``backend=ray``: connect, check placement, start the actors; the ``RunParts`` of ``train``."""
 
-    async def start(
-        self,
-        cfg: RunConfig,
-        tokenizer: Tokenizer,
-        make_env: EnvFactory,
-        *,
-        resume: bool,
-        on_sft: OnSFTStep,
-        should_stop: ShouldStop,
-    ) -> RunParts:
+    async def start(self, run: RunStart) -> RunParts:
         """The env workers build their own env factory and tokenizer (``parts``); the driver's
-        ``make_env`` and ``tokenizer`` serve its evaluation episodes."""
+        ``run.make_env`` and ``run.tokenizer`` serve its evaluation episodes."""
+        cfg, resume, on_sft, should_stop = run.cfg, run.resume, run.on_sft, run.should_stop
         import ray
 
         from labrl.envs.lab.session import use_connection_factory
