@@ -68,7 +68,7 @@ def repo_path(reported: str, mapping: dict[Path, Path]) -> str:
     path = Path(reported)
     if not path.is_absolute():
         path = ROOT / path
-    # longest tree folder first: labrl/envs/x.py belongs to envs/, not to labrl/
+    # longest tree folder first: a file of labrl/envs/ belongs to envs/, not to labrl/
     for tree in sorted(mapping, key=lambda p: len(p.parts), reverse=True):
         if path.is_relative_to(tree):
             return (mapping[tree] / path.relative_to(tree)).relative_to(ROOT).as_posix()

@@ -36,9 +36,6 @@ def expected_warnings(cuda: bool | None = None) -> tuple[tuple[str, type[Warning
 
 
 def quiet_expected_warnings() -> None:
-    # Python hides DeprecationWarning outside __main__; labrl's own (keys and names that moved) are
-    # meant for the user of the CLI. Added first so the specific "ignore" filters below take precedence.
-    warnings.filterwarnings("default", category=DeprecationWarning, module=r"labrl(\.|$)")
     for message, category, module in expected_warnings():
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
 
