@@ -25,6 +25,7 @@ import time
 
 import torch
 from _results import save_histograms, write_json  # beside this script
+from _torch_threads import parse_with_threads  # beside this script
 
 from labrl.harness.learners import LearnerConfig, MegatronLearner
 from labrl.harness.models import get_preset
@@ -72,9 +73,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--train-steps", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parse_with_threads(ap, default=2)
     started = time.perf_counter()
     learner = MegatronLearner(LearnerConfig(micro_batch_size=16, objective={"loss": "reinforce"}))
     sampler = LocalSampler(get_preset("tiny-moe"), LocalSamplerConfig(precision="bf16"))
