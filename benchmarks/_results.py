@@ -7,6 +7,7 @@ folder on ``sys.path``); it lives outside the installed package.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,3 +38,27 @@ def save_figure(fig: Any, path: Path, *, dpi: int = 120) -> Path:
     fig.savefig(path, dpi=dpi)
     pyplot().close(fig)
     return path
+
+
+def save_histograms(
+    name: str,
+    series: Mapping[str, Any],
+    *,
+    xlabel: str,
+    title: str,
+    ylabel: str | None = None,
+    colors: Mapping[str, str] | None = None,
+    **hist: Any,
+) -> Path:
+    """One 6 x 3.5 in figure with a histogram per ``series`` entry (legend label -> values), drawn with
+    ``hist`` (``Axes.hist`` options) and ``colors`` (by label), written to ``RESULTS/<name>.png``."""
+    fig, ax = pyplot().subplots(figsize=(6, 3.5))
+    for label, values in series.items():
+        color = {"color": colors[label]} if colors else {}
+        ax.hist(values, label=label, **color, **hist)
+    ax.set_xlabel(xlabel)
+    if ylabel is not None:
+        ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+    return save_figure(fig, RESULTS / f"{name}.png")

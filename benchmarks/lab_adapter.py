@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _results import RESULTS, pyplot, save_figure, write_json  # beside this script
+from _results import save_histograms, write_json  # beside this script
 
 from labrl.lab_adapters.job_journal import Journal
 from labrl.lab_adapters.journaled_lab import JournaledLab, JournaledLabConfig
@@ -175,16 +175,15 @@ def main() -> None:
         f"p99 x{fault['p99_s'] / base['p99_s']:.2f}"
     )
     write_json("lab_adapter", rows, indent=1)
-    plt = pyplot()
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for r in rows:
-        ax.hist(r["latencies"], bins=60, histtype="step", label=f"{r['name']} (p99 {r['p99_s']:.1f} s)")
-    ax.set_xlabel("end-to-end latency per job (s)")
-    ax.set_ylabel("jobs")
-    ax.set_title(f"{args.jobs} concurrent lab jobs, median lab latency {args.latency:g} s")
-    ax.legend()
-    save_figure(fig, RESULTS / "lab_adapter.png")
+    save_histograms(
+        "lab_adapter",
+        {f"{r['name']} (p99 {r['p99_s']:.1f} s)": r["latencies"] for r in rows},
+        xlabel="end-to-end latency per job (s)",
+        ylabel="jobs",
+        title=f"{args.jobs} concurrent lab jobs, median lab latency {args.latency:g} s",
+        bins=60,
+        histtype="step",
+    )
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import time
 
 import torch
 from _results import write_json  # beside this script
+from _torch_threads import parse_with_threads  # beside this script
 
 from labrl.harness.learners import LearnerConfig, MegatronLearner
 from labrl.harness.models import causal_attention_mask, get_preset
@@ -27,10 +28,8 @@ from labrl.harness.types import GenerateRequest, SamplingParams, Trajectory
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parse_with_threads(ap, default=2)
     cfg = get_preset("tiny-moe")
     learner = MegatronLearner(LearnerConfig(micro_batch_size=16))
     gen = torch.Generator().manual_seed(0)

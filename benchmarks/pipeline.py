@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 import yaml
+from _torch_threads import parse_with_threads  # beside this script
 
 from labrl.envs import Env, make
 from labrl.harness.backends.parts import build_learner, build_sampler, make_env_factory
@@ -142,10 +143,8 @@ async def main() -> None:
     ap.add_argument("--max-staleness", type=int, default=4)
     ap.add_argument("--latency-p50", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=str(RESULTS / "pipeline.json"))
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parse_with_threads(ap, default=1)
     RESULTS.mkdir(parents=True, exist_ok=True)
     init_state = await warm_start(args)
     rows = [await run_mode("sync", args, init_state), await run_mode("pipeline", args, init_state)]

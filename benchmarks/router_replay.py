@@ -24,7 +24,8 @@ import asyncio
 import time
 
 import torch
-from _results import RESULTS, pyplot, save_figure, write_json  # beside this script
+from _results import save_histograms, write_json  # beside this script
+from _torch_threads import parse_with_threads  # beside this script
 
 from labrl.harness.learners import LearnerConfig, MegatronLearner
 from labrl.harness.models import get_preset
@@ -72,9 +73,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--train-steps", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parse_with_threads(ap, default=2)
     started = time.perf_counter()
     learner = MegatronLearner(LearnerConfig(micro_batch_size=16, objective={"loss": "reinforce"}))
     sampler = LocalSampler(get_preset("tiny-moe"), LocalSamplerConfig(precision="bf16"))
@@ -133,15 +132,16 @@ def main() -> None:
         )
     print(f"router replay cuts mismatch KL by {ratio:.2f}x ({meta['wall_s']:.0f} s)")
     write_json("router_replay", {"meta": meta, **report})
-    plt = pyplot()
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for mode, color in (("no_replay", "tab:red"), ("replay", "tab:blue")):
-        ax.hist(torch.cat(log_r[mode]).numpy(), bins=80, alpha=0.6, color=color, label=mode, log=True)
-    ax.set_xlabel("log(pi_learner fp32 / pi_sampler bf16) per token")
-    ax.set_title(f"tiny-moe: router replay cuts mismatch KL {ratio:.1f}x")
-    ax.legend()
-    save_figure(fig, RESULTS / "router_replay.png")
+    save_histograms(
+        "router_replay",
+        {mode: torch.cat(log_r[mode]).numpy() for mode in ("no_replay", "replay")},
+        xlabel="log(pi_learner fp32 / pi_sampler bf16) per token",
+        title=f"tiny-moe: router replay cuts mismatch KL {ratio:.1f}x",
+        colors={"no_replay": "tab:red", "replay": "tab:blue"},
+        bins=80,
+        alpha=0.6,
+        log=True,
+    )
 
 
 if __name__ == "__main__":

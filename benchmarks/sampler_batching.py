@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 from _results import RESULTS, pyplot, save_figure, write_json  # beside this script
+from _torch_threads import parse_with_threads  # beside this script
 
 from labrl.harness.models import get_preset
 from labrl.harness.samplers import LocalSampler, LocalSamplerConfig
@@ -82,9 +83,7 @@ def main() -> None:
     ap.add_argument("--max-batch-size", type=int, default=32)
     ap.add_argument("--gap-ms", type=float, default=10.0)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parse_with_threads(ap, default=2)
     cfg = get_preset("tiny-moe")
     reqs = make_requests(args.requests, seed=0)
     samplers = {

@@ -270,6 +270,10 @@ def bench_ranking(n: int) -> dict:
     }
 
 
+#: what ``--parts`` may name, in the order they are measured
+PARTS = ("sticks", "mixtures", "scoring", "ranking", "large")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mixtures", type=int, default=1000)
@@ -277,33 +281,32 @@ def main() -> None:
     parser.add_argument("--ranking", type=int, default=100)
     parser.add_argument(
         "--parts",
-        default="sticks,mixtures,scoring,ranking,large",
+        default=",".join(PARTS),
         help="comma-separated subset to measure; the others keep their values in the JSON",
     )
     args = parser.parse_args()
     parts = set(args.parts.split(","))
-    unknown = parts - {"sticks", "mixtures", "scoring", "ranking", "large"}
+    unknown = parts - set(PARTS)
     if unknown:
         parser.error(f"unknown --parts {sorted(unknown)}")
     path = RESULTS / "xrd_sim.json"
-    everything = {"sticks", "mixtures", "scoring", "ranking", "large"}
-    out = json.loads(path.read_text()) if path.exists() and parts != everything else {}
+    out = json.loads(path.read_text()) if path.exists() and parts != set(PARTS) else {}
     out["machine"] = {
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
         "note": "shared, contended CPU",
     }
-    if "sticks" in parts:
-        out["sticks"] = bench_sticks()
-    if "mixtures" in parts:
-        out["mixtures"] = bench_mixtures(args.mixtures)
-    if "scoring" in parts:
-        out["scoring"] = bench_scoring(args.scoring)
-    if "ranking" in parts:
-        out["ranking"] = bench_ranking(args.ranking)
-    if "large" in parts:
-        out["large"] = bench_large()
-    missing = everything - set(out)
+    measure = {
+        "sticks": bench_sticks,
+        "mixtures": lambda: bench_mixtures(args.mixtures),
+        "scoring": lambda: bench_scoring(args.scoring),
+        "ranking": lambda: bench_ranking(args.ranking),
+        "large": bench_large,
+    }
+    for part in PARTS:
+        if part in parts:
+            out[part] = measure[part]()
+    missing = set(PARTS) - set(out)
     if missing:
         parser.error(f"no earlier results for {sorted(missing)}: measure them too")
     s = out["sticks"]

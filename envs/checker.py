@@ -87,6 +87,19 @@ def _roundtrip(model: BaseModel) -> None:
         raise CheckFailed(f"{type(model).__name__} changes when round-tripped through JSON")
 
 
+async def _random_step(env: Env) -> tuple[Task, Observation, StepResult, float]:
+    """Reset ``env`` to the train task of seed 0, take one random action, close ``env``: the task, the
+    observation, the step result and the step's wall time (s)."""
+    try:
+        task = env.make_task("train", 0)
+        observation = await env.reset(task)
+        t0 = time.perf_counter()
+        result = await env.step(env.random_action(task, random.Random(0)))
+        return task, observation, result, time.perf_counter() - t0
+    finally:
+        await env.close()
+
+
 class _Checker:
     def __init__(self, env_id: str, seeds: int, make_kwargs: dict[str, Any]) -> None:
         self.env_id = env_id
@@ -168,16 +181,9 @@ class _Checker:
         return f"{len(self.seeds)} train vs {len(self.seeds)} test tasks disjoint"
 
     async def check_json(self) -> str:
-        env = self.fresh()
-        try:
-            task = env.make_task("train", 0)
-            _roundtrip(task)
-            observation = await env.reset(task)
-            _roundtrip(observation)
-            result = await env.step(env.random_action(task, random.Random(0)))
-            _roundtrip(result)
-        finally:
-            await env.close()
+        task, observation, result, _ = await _random_step(self.fresh())
+        for model in (task, observation, result):
+            _roundtrip(model)
         Observation.model_validate_json(observation.model_dump_json())
         return "task, observation, step result"
 
@@ -192,14 +198,7 @@ class _Checker:
             return await original_step(action)
 
         inner.step = slow_step  # type: ignore[method-assign]
-        try:
-            task = env.make_task("train", 0)
-            await env.reset(task)
-            t0 = time.perf_counter()
-            result = await env.step(env.random_action(task, random.Random(0)))
-            elapsed = time.perf_counter() - t0
-        finally:
-            await env.close()
+        _, _, result, elapsed = await _random_step(env)
         if result.outcome is not Outcome.TIMEOUT or result.reward is not None:
             raise CheckFailed(
                 f"a step slower than its deadline ended with {result.outcome.value}, reward {result.reward}"

@@ -72,31 +72,34 @@ _PYSCF_ELEMENTS = frozenset(
     {"H", "Li", "Be", "B", "C", "N", "O", "F", "Na", "Mg", "Al", "Si", "P", "S", "Cl"}
 )
 
+
+def _potential(name: str, elements: frozenset[str], module: str) -> Backend:
+    """An interatomic potential: it gives forces and stress, so it does every task; cells of up to
+    64 atoms, run in process."""
+    return Backend(
+        name=name,
+        elements=elements,
+        tasks=frozenset({"energy", "relax", "lattice"}),
+        max_atoms=64,
+        killable=False,
+        module=module,
+    )
+
+
 BACKENDS: dict[str, Backend] = {
-    "emt": Backend(
-        name="emt",
-        elements=_EMT_ELEMENTS,
-        tasks=frozenset({"energy", "relax", "lattice"}),
-        max_atoms=64,
-        killable=False,
-        module="ase.calculators.emt",
-    ),
-    "chgnet": Backend(
-        name="chgnet",
-        elements=_CHGNET_ELEMENTS,
-        tasks=frozenset({"energy", "relax", "lattice"}),
-        max_atoms=64,
-        killable=False,
-        module="chgnet",
-    ),
-    "pyscf": Backend(
-        name="pyscf",
-        elements=_PYSCF_ELEMENTS,
-        tasks=frozenset({"energy", "lattice"}),
-        max_atoms=4,
-        killable=True,
-        module="pyscf",
-    ),
+    backend.name: backend
+    for backend in (
+        _potential("emt", _EMT_ELEMENTS, "ase.calculators.emt"),
+        _potential("chgnet", _CHGNET_ELEMENTS, "chgnet"),
+        Backend(
+            name="pyscf",
+            elements=_PYSCF_ELEMENTS,
+            tasks=frozenset({"energy", "lattice"}),
+            max_atoms=4,
+            killable=True,
+            module="pyscf",
+        ),
+    )
 }
 
 

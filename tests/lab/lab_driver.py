@@ -10,24 +10,16 @@ import asyncio
 import logging
 import sys
 
+from lab_clients import JOURNAL_CONFIG, fast_retry_client  # tests/support, on PYTHONPATH
+
 from labrl.lab_adapters.job_journal import Journal
-from labrl.lab_adapters.journaled_lab import JournaledLab, JournaledLabConfig
-from labrl.lab_adapters.rest import RestLabAdapter, RestLabConfig
+from labrl.lab_adapters.journaled_lab import JournaledLab
 
 
 async def main(url: str, journal_path: str, out: str, n: int) -> None:
-    adapter = RestLabAdapter(
-        RestLabConfig(
-            base_url=url,
-            call_timeout_s=2.0,
-            long_poll_s=1.0,
-            backoff_base_s=0.02,
-            backoff_max_s=0.3,
-            rate_limit_per_s=None,
-        )
-    )
+    adapter = fast_retry_client(url, call_timeout_s=2.0, long_poll_s=1.0)
     journal = Journal(journal_path)
-    lab = JournaledLab(adapter, journal, JournaledLabConfig(feed_wait_s=0.5, fallback_poll_s=2.0))
+    lab = JournaledLab(adapter, journal, JOURNAL_CONFIG)
     with open(out, "a") as sink:
 
         async def one(i: int) -> None:

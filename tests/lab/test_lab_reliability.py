@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from lab_clients import JOURNAL_CONFIG, fast_retry_client
 
 from labrl.errors import LabRejectedError
 from labrl.lab_adapters.job_journal import Journal
@@ -28,18 +29,8 @@ DRIVER = Path(__file__).with_name("lab_driver.py")
 
 
 def rest(url: str, **overrides) -> RestLabAdapter:
-    config = dict(
-        base_url=url,
-        call_timeout_s=0.5,
-        long_poll_s=0.5,
-        backoff_base_s=0.02,
-        backoff_max_s=0.3,
-        rate_limit_per_s=None,
-        breaker_threshold=50,
-        breaker_reset_s=0.2,
-        seed=1,
-    )
-    return RestLabAdapter(RestLabConfig(**{**config, **overrides}))
+    settings = dict(call_timeout_s=0.5, long_poll_s=0.5, breaker_threshold=50, breaker_reset_s=0.2, seed=1)
+    return fast_retry_client(url, **{**settings, **overrides})
 
 
 @pytest.mark.slow
@@ -52,7 +43,7 @@ async def test_thousand_jobs_under_faults_and_restart(tmp_path, api_key, caplog)
     client = JournaledLab(
         adapter,
         journal,
-        JournaledLabConfig(feed_wait_s=0.5, fallback_poll_s=2.0),
+        JOURNAL_CONFIG,
         on_result=lambda key, status: delivered.update([key]),
     )
     try:

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+from labrl_test_envs import seeded_task
 
 from labrl.envs import Action, Env, EnvSpec, Message, Observation, StepResult, Task
 from labrl.errors import SamplerError
@@ -184,13 +185,7 @@ class LetterEnv(Env):
     def make_task(self, split: Any, seed: int) -> Task:
         rng = random.Random(f"{split}:{seed}")
         delay = self.latency_s * math.exp(self.sigma * rng.gauss(0.0, 1.0)) if self.latency_s else 0.0
-        return Task(
-            env_id=self.spec.id,
-            split=split,
-            seed=seed,
-            task_id=f"letter-{split}-{seed}",
-            prompt={"delay": delay},
-        )
+        return seeded_task(self, "letter", split, seed, prompt={"delay": delay})
 
     async def reset(self, task: Task) -> Observation:
         self.task = task

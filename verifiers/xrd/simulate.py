@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TypedDict, Unpack
 
 import numpy as np
 
@@ -248,26 +249,20 @@ def merge(two_theta: np.ndarray, intensity: np.ndarray) -> StickPattern:
     return StickPattern(two_theta=positions[keep], intensity=summed[keep])
 
 
-def stick_pattern(
-    phase: Phase,
-    *,
-    wavelength: float = CU_KA,
-    two_theta_range: tuple[float, float] = (0.0, 90.0),
-    debye_waller: dict[str, float] | None = None,
-    lattice_scale: float = 1.0,
-    site_b: np.ndarray | None = None,
-    anomalous: bool = False,
-    monochromator_two_theta: float | None = None,
-) -> StickPattern:
-    """The merged stick pattern; with the defaults equal to ``XRDCalculator(wavelength).get_pattern``."""
-    refl = reflections(
-        phase,
-        wavelength=wavelength,
-        two_theta_range=two_theta_range,
-        debye_waller=debye_waller,
-        lattice_scale=lattice_scale,
-        site_b=site_b,
-        anomalous=anomalous,
-        monochromator_two_theta=monochromator_two_theta,
-    )
+class ReflectionOptions(TypedDict, total=False):
+    """The keyword options of ``reflections`` (defaults there), passed through by ``stick_pattern``."""
+
+    wavelength: float
+    two_theta_range: tuple[float, float]
+    debye_waller: dict[str, float] | None
+    lattice_scale: float
+    site_b: np.ndarray | None
+    anomalous: bool
+    monochromator_two_theta: float | None
+
+
+def stick_pattern(phase: Phase, **options: Unpack[ReflectionOptions]) -> StickPattern:
+    """The merged stick pattern of ``reflections(phase, **options)``; with the defaults equal to
+    ``XRDCalculator(wavelength).get_pattern``."""
+    refl = reflections(phase, **options)
     return merge(refl.two_theta, refl.intensity)
