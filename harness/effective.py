@@ -9,7 +9,7 @@ key                               resolves to
 ================================  =========================================================
 ``pipeline.max_staleness``        ``sync``: 0, ``one_step_off``: 1, ``pipeline``: as written
 ``learner.device``                ``auto``: ``cuda:<current>`` where the learner sees CUDA, else ``cpu``
-``learner.precision``             ``auto``: ``bf16`` on CUDA, ``fp32`` on CPU
+``learner.precision``             ``auto``: ``bf16`` on CUDA from 100M parameters, else ``fp32``
 ``sampler.local.device``          as ``learner.device``, for the sampler (``sampler.kind: local``)
 ``sampler.local.precision``       as ``learner.precision``, for the sampler (``sampler.kind: local``)
 ``sampler.sglang.export_dtype``   ``auto``: the learner's dtype (``sampler.kind: sglang``)
@@ -82,7 +82,8 @@ def effective_values(cfg: RunConfig, caps: dev.Capabilities | None = None) -> Ef
     """
     caps = caps if caps is not None else dev.detect_capabilities()
     learner_device = dev.resolve_device(cfg.learner.device, _seen_by(caps, cfg.ray.learner_gpus, cfg))
-    learner_dtype = dev.param_dtype(cfg.learner.precision, learner_device)
+    parameters = cfg.model.resolve().parameter_count
+    learner_dtype = dev.param_dtype(cfg.learner.precision, learner_device, parameters=parameters)
     values: dict[str, Any] = {
         "max_staleness": cfg.pipeline.effective_max_staleness,
         "learner_device": str(learner_device),
@@ -92,7 +93,8 @@ def effective_values(cfg: RunConfig, caps: dev.Capabilities | None = None) -> Ef
         local = cfg.sampler.local
         sampler_device = dev.resolve_device(local.device, _seen_by(caps, cfg.ray.gpus_per_sampler, cfg))
         values["sampler_device"] = str(sampler_device)
-        values["sampler_precision"] = dev.precision_name(dev.param_dtype(local.precision, sampler_device))
+        sampler_dtype = dev.param_dtype(local.precision, sampler_device, parameters=parameters)
+        values["sampler_precision"] = dev.precision_name(sampler_dtype)
     else:
         written = cfg.sampler.sglang.export_dtype
         values["export_dtype"] = _dtype_name(learner_dtype) if written == "auto" else written

@@ -108,7 +108,7 @@ class LearnerConfig(BaseModel):
     )
     precision: PrecisionChoice = Field(
         default="auto",
-        description="parameters and compute: auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16; "
+        description="parameters and compute: auto (bf16 on CUDA for models of 100M parameters or more, else fp32) | fp32 | bf16; "
         "the optimizer keeps fp32 master weights under bf16, log-probs and loss are fp32",
     )
 

@@ -54,7 +54,7 @@ original reference.
 
 Device and precision (``labrl.harness.models.device``): the model lives on
 ``config.device`` (``auto``: CUDA when available) in ``config.precision``
-(``auto``: bf16 on CUDA, fp32 on CPU). A batch is checked on the host and
+(``auto``: bf16 on CUDA from 100M parameters, else fp32). A batch is checked on the host and
 copied to the device once per ``train_step``; every tensor the step creates is
 created there. Under bf16 the optimizer steps fp32 master weights
 (``labrl.harness.learners.precision``); logits are cast to fp32 before the
@@ -98,7 +98,7 @@ class MegatronLearner:
         cfg = self.config
         caps = dev.detect_capabilities()
         self.device = dev.resolve_device(cfg.device, caps)
-        self.dtype = dev.param_dtype(cfg.precision, self.device)
+        self.dtype = dev.param_dtype(cfg.precision, self.device, parameters=cfg.model.parameter_count)
         self.spec = dev.layer_spec(self.device, caps)
         self.model = build_gpt_model(
             cfg.model, cfg.parallel, seed=cfg.seed, routing_replay=True, device=self.device, dtype=self.dtype
@@ -115,9 +115,9 @@ class MegatronLearner:
         self._masters_synced = False
         self._params = self.master.master_params if self.master is not None else model_params
         log.info(
-            "labrl learner on %s: %s parameters and compute, %s optimizer (AdamW, %s), %s layer spec",
+            "labrl learner on %s: parameters and compute in %s, %s optimizer (AdamW, %s), %s layer spec",
             self.device,
-            dev.precision_name(self.dtype),
+            dev.precision_reason(cfg.precision, self.device, parameters=cfg.model.parameter_count),
             "fp32 master weights" if self.master is not None else "fp32",
             "fp32 grads",
             self.spec.name,

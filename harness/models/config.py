@@ -107,6 +107,28 @@ class MoEModelConfig(BaseModel):
     def num_moe_layers(self) -> int:
         return len(self.moe_layer_indices)
 
+    @property
+    def parameter_count(self) -> int:
+        """Total parameters of the model this config builds (every expert counted), no biases::
+
+        head = kv_channels or hidden / heads,  groups = num_query_groups or heads
+        attention = hidden * head * (2 * heads + 2 * groups)          (Q, O; K, V)
+        norms     = 2 * hidden (+ 2 * head with qk_layernorm)          per layer
+        MLP       = 3 * hidden * ffn                                   dense layer (SwiGLU)
+                  = experts * 3 * hidden * moe_ffn + hidden * experts  MoE layer (+ router)
+        total     = layers * attention + norms + MLPs + vocab * hidden * (1 if tied else 2) + hidden
+        """
+        h = self.hidden_size
+        head = self.kv_channels or h // self.num_attention_heads
+        groups = self.num_query_groups or self.num_attention_heads
+        attention = h * head * (2 * self.num_attention_heads + 2 * groups)
+        norms = 2 * h + (2 * head if self.qk_layernorm else 0)
+        moe = self.num_experts * 3 * h * self.moe_ffn_hidden_size + h * self.num_experts
+        dense = 3 * h * self.ffn_hidden_size
+        mlps = self.num_moe_layers * moe + (self.num_layers - self.num_moe_layers) * dense
+        embeddings = self.vocab_size * h * (1 if self.tie_embeddings else 2)
+        return self.num_layers * (attention + norms) + mlps + embeddings + h
+
     def transformer_config(
         self,
         parallel: ParallelConfig,

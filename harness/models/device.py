@@ -15,7 +15,7 @@ experts            SequentialMLP           SequentialMLP (GroupedMLP with the   
                                            ``grouped_gemm`` package)
 token dispatcher   allgather               alltoall                               alltoall
 process group      gloo                    nccl                                   nccl
-param dtype auto   fp32                    bf16                                   bf16
+param dtype auto   fp32                    bf16 (fp32 under 100M parameters)      same
 optimizer          AdamW on the params     AdamW on fp32 master copies (bf16)     same
 RNG tracker        inference (no-op fork)  CUDA RNG states, forks locked          same
 workarounds        all of cpu_compat       thread safety, ``te_general_gemm``     thread safety
@@ -109,14 +109,38 @@ def make_current(device: torch.device) -> None:
         torch.cuda.set_device(device.index)
 
 
-def param_dtype(precision: str, device: torch.device) -> torch.dtype:
-    """``auto``: bf16 on CUDA, fp32 on CPU; ``fp32`` / ``bf16`` are honoured as given."""
+#: ``auto`` picks bf16 on CUDA only for models at least this large (total parameters)
+BF16_MIN_PARAMETERS = 100_000_000
+
+
+def param_dtype(precision: str, device: torch.device, *, parameters: int) -> torch.dtype:
+    """``auto``: bf16 on CUDA for a model of >= ``BF16_MIN_PARAMETERS`` parameters, else fp32;
+    ``fp32`` / ``bf16`` are honoured as given (``precision_reason`` says why, for the log).
+
+    Below 100M parameters fp32 weights and Adam state take under 1.6 GB, so bf16 saves
+    nothing that matters, and on the quickstart (0.6M parameters, one H100, 2026-11-26)
+    bf16 learned clearly worse than fp32 (docs/gpu.md).
+    """
     if precision == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        small = parameters < BF16_MIN_PARAMETERS
+        return torch.float32 if device.type != "cuda" or small else torch.bfloat16
     try:
         return {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
     except KeyError:
         raise ConfigError(f"precision={precision!r}: use auto, fp32 or bf16") from None
+
+
+def precision_reason(precision: str, device: torch.device, *, parameters: int) -> str:
+    """One line: the dtype ``param_dtype`` chose and why."""
+    name = precision_name(param_dtype(precision, device, parameters=parameters))
+    if precision != "auto":
+        return f"{name} (as configured)"
+    if device.type != "cuda":
+        return f"{name} (auto: fp32 off CUDA)"
+    size = f"{parameters / 1e6:.1f}M parameters"
+    if name == "fp32":
+        return f"{name} (auto: {size} < {BF16_MIN_PARAMETERS / 1e6:.0f}M, where bf16 saves little and learns worse)"
+    return f"{name} (auto: {size} on CUDA)"
 
 
 def precision_name(dtype: torch.dtype) -> str:

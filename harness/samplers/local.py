@@ -26,7 +26,7 @@ How a batch runs (static batching with megatron-core's KV cache,
   ``0..K-1``; it influences no trained log-prob).
 
 Device: the model lives on ``config.device`` (``auto``: CUDA when available)
-in ``config.precision`` (``auto``: bf16 on CUDA, fp32 on CPU). Per forward
+in ``config.precision`` (``auto``: bf16 on CUDA from 100M parameters, else fp32). Per forward
 there are at most three host-device copies, whatever the batch size: the
 fed tokens (and, at an admission, the mask) up, the last-token logits down
 (sampling runs on the host with each request's own generator, so seeded
@@ -63,7 +63,8 @@ class LocalSamplerConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     precision: PrecisionChoice = Field(
-        default="auto", description="auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16"
+        default="auto",
+        description="auto (bf16 on CUDA for models of 100M parameters or more, else fp32) | fp32 | bf16",
     )
     device: str = Field(
         default="auto", pattern=DEVICE_PATTERN, description="auto (CUDA when available) | cpu | cuda[:N]"
@@ -149,7 +150,9 @@ class LocalSampler:
         self.model_config = model_config
         self.config = config or LocalSamplerConfig()
         self.device = dev.resolve_device(self.config.device, dev.detect_capabilities())
-        self.dtype = dev.param_dtype(self.config.precision, self.device)
+        self.dtype = dev.param_dtype(
+            self.config.precision, self.device, parameters=model_config.parameter_count
+        )
         self.model = build_gpt_model(
             model_config,
             parallel,

@@ -44,6 +44,10 @@ SGLANG = [
 ]
 
 
+# a model over BF16_MIN_PARAMETERS (only its config is built): auto picks bf16 on CUDA for it
+BIG = "model.preset=qwen3-30b-a3b"
+
+
 def config(*overrides: str) -> RunConfig:
     return build_run_config(apply_overrides(BASE, list(overrides)))
 
@@ -65,7 +69,10 @@ def test_auto_device_and_precision_follow_the_machine():
         "sampler.local.device": "cpu",
         "sampler.local.precision": "fp32",
     }
-    on_gpu = effective_values(cfg, CUDA)
+    small_on_gpu = effective_values(cfg, CUDA)  # 0.6M parameters: fp32 even on CUDA
+    assert (small_on_gpu.learner_device, small_on_gpu.learner_precision) == ("cuda:1", "fp32")
+    assert (small_on_gpu.sampler_device, small_on_gpu.sampler_precision) == ("cuda:1", "fp32")
+    on_gpu = effective_values(config(BIG), CUDA)
     assert (on_gpu.learner_device, on_gpu.learner_precision) == ("cuda:1", "bf16")
     assert (on_gpu.sampler_device, on_gpu.sampler_precision) == ("cuda:1", "bf16")
     explicit = effective_values(config("learner.precision=fp32", "sampler.local.device=cpu"), CUDA)
@@ -82,13 +89,14 @@ def test_a_device_that_is_not_there_is_a_config_error():
 
 
 def test_the_sglang_export_dtype_auto_is_the_learners_dtype():
-    assert effective_values(config(*SGLANG), CUDA).as_config_keys() == {
+    assert effective_values(config(*SGLANG, BIG), CUDA).as_config_keys() == {
         "pipeline.max_staleness": 4,
         "learner.device": "cuda:1",
         "learner.precision": "bf16",
         "sampler.sglang.export_dtype": "bfloat16",
     }
     assert effective_values(config(*SGLANG), CPU).export_dtype == "float32"
+    assert effective_values(config(*SGLANG), CUDA).export_dtype == "float32"  # a small model: fp32
     assert (
         effective_values(config(*SGLANG, "sampler.sglang.export_dtype=float16"), CUDA).export_dtype
         == "float16"
@@ -102,7 +110,9 @@ def test_ray_actors_resolve_auto_for_the_gpus_they_were_given():
         "fp32",
         "cpu",
     )
-    given = effective_values(config("backend=ray", "ray.learner_gpus=1", "ray.gpus_per_sampler=0.5"), CPU)
+    given = effective_values(
+        config("backend=ray", "ray.learner_gpus=1", "ray.gpus_per_sampler=0.5", BIG), CPU
+    )
     assert (given.learner_device, given.learner_precision) == ("cuda:0", "bf16")
     assert (given.sampler_device, given.sampler_precision) == ("cuda:0", "bf16")
 
@@ -132,7 +142,7 @@ def test_effective_values_stay_out_of_the_config_dump():
 
 def test_a_resume_whose_auto_now_resolves_to_another_dtype_is_refused():
     """The checkpoint was trained in bf16 (auto on CUDA); the same config on CPU resolves fp32."""
-    cfg = config()
+    cfg = config(BIG)
     trained_in = effective_values(cfg, CUDA)
     with pytest.raises(ConfigError) as err:
         check_resume(cfg, cfg, recorded=trained_in, effective=effective_values(cfg, CPU))

@@ -2,8 +2,9 @@
 
 ``pytest -m gpu tests/gpu/test_gpu_path.py`` (``benchmarks/gpu_check.sh`` runs it
 with the rest). Device ``auto`` puts the learner and the local sampler on
-``cuda`` in bf16, with the TransformerEngine spec when TE imports and the local
-spec otherwise (both are covered: whichever this machine has).
+``cuda``; they are asked for bf16 explicitly (``auto`` keeps a model this small
+in fp32), with the TransformerEngine spec when TE imports and the local spec
+otherwise (both are covered: whichever this machine has).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def learner() -> MegatronLearner:
     return MegatronLearner(
         LearnerConfig(
             micro_batch_size=4,
+            precision="bf16",
             optimizer=OptimizerConfig(lr=3e-4),
             objective=objectives.ObjectiveConfig(loss="reinforce"),
         )
@@ -47,14 +49,21 @@ def learner() -> MegatronLearner:
 
 @pytest.fixture(scope="module")
 def sampler(learner) -> LocalSampler:
-    return LocalSampler(TINY, LocalSamplerConfig(), weights=learner.export_weights(), version=learner.version)
+    config = LocalSamplerConfig(precision="bf16")
+    return LocalSampler(TINY, config, weights=learner.export_weights(), version=learner.version)
 
 
-def test_auto_device_and_precision_on_cuda(learner, sampler):
+def test_auto_device_and_bf16_on_cuda(learner, sampler):
     for model in (learner.model, sampler.model):
         p = next(model.parameters())
         assert p.device.type == "cuda" and p.dtype == torch.bfloat16
     assert learner.master is not None and learner.master.master_params[0].dtype == torch.float32
+
+
+def test_auto_precision_keeps_a_small_model_in_fp32_on_cuda():
+    small = LocalSampler(TINY, LocalSamplerConfig())
+    p = next(small.model.parameters())
+    assert p.device.type == "cuda" and p.dtype == torch.float32
 
 
 def test_learner_loss_falls_on_cuda(learner, sampler):

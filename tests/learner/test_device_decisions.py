@@ -83,10 +83,12 @@ def test_backend_rng_and_dtypes(caps):
     device = on(caps)
     assert dev.process_group_backend(device) == ("nccl" if caps.cuda else "gloo")
     assert dev.rng_tracker(device) == ("cuda" if caps.cuda else "inference")
-    auto = dev.param_dtype("auto", device)
+    big = dev.BF16_MIN_PARAMETERS
+    auto = dev.param_dtype("auto", device, parameters=big)
     assert auto == (torch.bfloat16 if caps.cuda else torch.float32)  # CPU stays fp32
-    assert dev.param_dtype("fp32", device) == torch.float32
-    assert dev.param_dtype("bf16", device) == torch.bfloat16
+    assert dev.param_dtype("auto", device, parameters=big - 1) == torch.float32  # small: fp32 everywhere
+    assert dev.param_dtype("fp32", device, parameters=big) == torch.float32
+    assert dev.param_dtype("bf16", device, parameters=1) == torch.bfloat16
     assert dev.optimizer_wrapper(auto) == ("fp32_master" if caps.cuda else "plain")
 
 
@@ -94,7 +96,7 @@ def test_optimizer_wrapper_follows_the_dtype():
     assert dev.optimizer_wrapper(torch.float32) == "plain"
     assert dev.optimizer_wrapper(torch.bfloat16) == "fp32_master"
     with pytest.raises(ConfigError, match="precision='fp16'"):
-        dev.param_dtype("fp16", torch.device("cpu"))
+        dev.param_dtype("fp16", torch.device("cpu"), parameters=1)
 
 
 @pytest.mark.parametrize(
@@ -228,3 +230,15 @@ def test_rng_forks_in_two_threads_take_turns(monkeypatch):
     unlocked = Unlocked()
     unlocked.states_[mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME] = torch.ones(1)
     assert any("is not the same as the desired state name" in str(e) for e in race(unlocked))
+
+
+def test_the_precision_reason_says_why():
+    cuda, cpu = torch.device("cuda:0"), torch.device("cpu")
+    small = dev.precision_reason("auto", cuda, parameters=568_032)
+    assert small.startswith("fp32 (auto: 0.6M parameters < 100M") and "learns worse" in small
+    assert (
+        dev.precision_reason("auto", cuda, parameters=3 * 10**10)
+        == "bf16 (auto: 30000.0M parameters on CUDA)"
+    )
+    assert dev.precision_reason("auto", cpu, parameters=3 * 10**10) == "fp32 (auto: fp32 off CUDA)"
+    assert dev.precision_reason("bf16", cpu, parameters=1) == "bf16 (as configured)"

@@ -117,3 +117,12 @@ def test_routing_of_all_layers_is_refused_by_a_mixed_learner(h):
     msg = f"TrainBatch.routed_experts_B_T_L_K has shape ({B}, {T}, 4, 2), expected ({B}, {T}, 2, 2)"
     with pytest.raises(ConfigError, match=re.escape(msg)):
         learner.train_step(wire)
+
+
+TIED = get_preset("tiny-moe").model_copy(update={**SMALL, "name": "tied", "tie_embeddings": True})
+
+
+@pytest.mark.parametrize("cfg", [get_preset("tiny-moe"), MIXED, WIDE_HEADS, TIED], ids=lambda c: c.name)
+def test_the_configs_parameter_count_is_the_built_models(cfg):
+    """``parameter_count`` (the precision rule reads it before any model exists) counts what is built."""
+    assert cfg.parameter_count == count_parameters(build_gpt_model(cfg, seed=0))
