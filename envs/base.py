@@ -28,6 +28,9 @@ itself, with the registered id. Inside an env:
   as ``self.episode_task()``, which raises ``EnvError`` when no episode was
   started (the one place that rule is written, with ``no_episode_error``).
 
+``reset_is_cheap()`` opts in to the pre-flight check that the opening prompt
+fits the model's context (say True only when ``reset`` is local and quick).
+
 ``gold_actions(task)`` returns actions that score full reward, where the env
 knows the answer (the checker and the scripted policy use it);
 ``random_action(task, rng)`` a plausible but uninformed action (for dry runs).
@@ -95,6 +98,15 @@ class Env(ABC):
         return Action(
             text="".join(rng.choice('abcdefghij {}[]:,"0123456789') for _ in range(rng.randint(0, 40)))
         )
+
+    def reset_is_cheap(self) -> bool:
+        """Whether ``reset`` is local and quick: no lab, network, judge, subprocess or deliberate wait.
+
+        An env that says so has its opening prompt measured before training: ``labrl train`` resets
+        the run's first train tasks and refuses a model context that cannot hold the prompt
+        (``labrl.harness.pipeline.prompt_fit``). Default False: the check is skipped.
+        """
+        return False
 
     @property
     def unwrapped(self) -> Env:

@@ -133,6 +133,10 @@ class PhaseIdEnv(Env):
         text = render_prompt(self.config, task.prompt, self._observed)
         return Observation(messages=(Message(role="user", content=text),), tools=self.spec.tools)
 
+    def reset_is_cheap(self) -> bool:
+        """The measurement is a local simulation (tens of ms) unless an instrument latency is simulated."""
+        return not self.config.instrument_latency_s
+
     # -- answers and rewards -------------------------------------------------------
 
     def _parse(self, text: str) -> list[ClaimedPhase]:

@@ -27,13 +27,19 @@ the version that produced the token, so time spent queued in the buffer counts.
 Shutdown (``request_stop``): no new groups start, the running train step
 finishes, in-flight groups are cancelled and their (index, task seed) saved;
 the checkpoint holds learner, optimizer, buffer and that list. A run that
-fails (an env, the sampler, a stalled batch) writes a checkpoint before the
+fails (an env, the sampler, a batch that cannot fill) writes a checkpoint before the
 error propagates; only a failure inside ``train_step`` does not (the learner's
 state may be half-updated), so the previous checkpoint stays the latest.
 Checkpoints are also written every ``checkpoint_every`` steps and after the
 first step that ends ``checkpoint_every_s`` seconds after the previous one. A resumed run
 restarts the in-flight groups first and never trains a group twice (each
 group index is trained at most once; ``trained.jsonl`` lists them per step).
+
+Stall guard: more than ``max_oversample_factor x batch_groups`` groups dropped in
+a row (since the last kept group or learner step), whether dynamic sampling
+dropped them or they had no trainable episode (with it on or off), mean the
+batch cannot fill: the run stops with ``PipelineStalledError``, one line from
+``stats.stall_message``, after writing its checkpoint.
 
 This module is the schedule; the per-step metrics live in ``stats``, the
 checkpoint files in ``checkpoint``, evaluation in ``evaluation`` and the
@@ -79,7 +85,7 @@ GroupPlayer = Callable[[int, Task, SamplingParams], Awaitable[list[Trajectory]]]
 
 
 class PipelineStalledError(LabrlError, RuntimeError):
-    """Dynamic sampling keeps dropping groups: the batch cannot fill with a learning signal.
+    """The buffer keeps dropping groups (zero-variance or untrainable): the batch cannot fill.
 
     Raised after the run was checkpointed (when it has a run directory), so it is resumable;
     ``summary`` is then the run's summary (``stalled``, ``error``, ``checkpoint``, ...).
@@ -274,8 +280,7 @@ class Orchestrator:
         assert self.run_dir is not None
         message = (
             f"{exc} Nothing is lost: the run stopped at step {self.step} and wrote {target} and "
-            f"{self.run_dir / SUMMARY_FILE}; rerun the same command with the change (e.g. "
-            f"pipeline.max_oversample_factor={2 * self.cfg.max_oversample_factor:g}) to resume from step {self.step}."
+            f"{self.run_dir / SUMMARY_FILE}; rerun the same command with the change to resume from step {self.step}."
         )
         summary = self.summary() | {
             "interrupted": True,
@@ -343,8 +348,9 @@ class Orchestrator:
                 self._drops = DropStreak()
             else:
                 self._drops.add(group)
-                limit = self.cfg.max_oversample_factor * self.cfg.batch_groups
-                if self.cfg.dynamic_sampling and self._drops.count > limit:
+                # whatever dropped them (dynamic sampling, or no trainable episode with it off), this many
+                # drops in a row mean the batch cannot fill: stop rather than sample forever
+                if self._drops.count > self.cfg.max_oversample_factor * self.cfg.batch_groups:
                     raise PipelineStalledError(stall_message(self._drops, self.cfg))
         except asyncio.CancelledError:
             raise

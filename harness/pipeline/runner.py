@@ -57,6 +57,7 @@ from labrl.harness.metrics import JsonlWriter, LiveProgress, read_jsonl
 from labrl.harness.pipeline.checkpoint import checkpoint_step, latest_checkpoint, write_summary
 from labrl.harness.pipeline.errors_log import ErrorLog
 from labrl.harness.pipeline.orchestrator import Orchestrator, PipelineStalledError
+from labrl.harness.pipeline.prompt_fit import check_opening_prompts_fit
 from labrl.harness.pipeline.resume import check_resume, log_resume, previous_config, truncate_run_logs
 from labrl.harness.tokenizer import Tokenizer
 from labrl.harness.types import Closeable
@@ -108,10 +109,12 @@ def _install(loop: asyncio.AbstractEventLoop, stop: StopRequest) -> list[signal.
 async def train(cfg: RunConfig, *, fresh: bool = False, progress: bool | None = None) -> dict[str, Any]:
     """Validate everything, then train (or resume) into ``cfg.run_dir``; returns the summary.
 
-    Nothing is written before the config, the model, the tokenizer, the env and
-    (on resume) the identity keys are checked. SIGINT / SIGTERM in any phase
-    stop the run: during the warm start nothing is saved (a rerun starts it
-    again); after it, the running step finishes and a checkpoint is written.
+    Nothing is written before the config, the model, the tokenizer, the env, that
+    the model's context holds the env's opening prompt (``prompt_fit``: envs whose
+    reset is cheap) and (on resume) the identity keys are checked. SIGINT /
+    SIGTERM in any phase stop the run: during the warm start nothing is saved (a
+    rerun starts it again); after it, the running step finishes and a checkpoint
+    is written.
     The summary's ``stopped_by`` names the signal. An unexpected error is
     logged with its traceback to ``errors.jsonl`` and raised as
     ``RunFailedError`` (one line).
@@ -132,6 +135,10 @@ async def train(cfg: RunConfig, *, fresh: bool = False, progress: bool | None = 
         )
     components = run_components(cfg, tokenizer)  # every component config validated before anything is built
     make_env = make_env_factory(cfg)
+    await check_opening_prompts_fit(
+        make_env, tokenizer, context=model_cfg.max_sequence_length, run_seed=cfg.seed,
+        max_new_tokens=components.sampling.max_new_tokens,
+    )  # fmt: skip
     effective = effective_values(cfg)  # every auto resolved once, before anything is written
     changes: dict[str, tuple[Any, Any]] = {}
     if ckpt is not None:

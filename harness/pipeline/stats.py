@@ -1,4 +1,5 @@
-"""The pipeline's statistics: why groups are dropped, token staleness, and the per-step metrics record.
+"""The pipeline's statistics: why groups are dropped (the stall guard's diagnosis), token staleness, and
+the per-step metrics record.
 
 ``StepStats`` gathers what happens between two learner steps (episodes
 finished, rewards, env and generation latencies, overlong flags) and turns it
@@ -27,19 +28,23 @@ from typing import Any
 from labrl.harness.metrics import percentile
 from labrl.harness.pipeline.buffer import Group, GroupBuffer
 from labrl.harness.pipeline.config import PipelineSection
-from labrl.harness.pipeline.errors_log import FAILED_OUTCOMES
+from labrl.harness.pipeline.errors_log import FAILED_OUTCOMES, normalise_message
 from labrl.harness.types import NO_VERSION, ReportsSamplerStats, Sampler, Trajectory
 
 
 @dataclasses.dataclass
 class DropStreak:
-    """The groups dropped since the last kept group (or learner step), by kind."""
+    """The groups dropped since the last kept group (or learner step), by kind, and why their episodes failed."""
 
     all_correct: int = 0  # every trainable reward 1: the policy solves the task
     all_wrong: int = 0  # every trainable reward 0: the policy fails it
     constant: int = 0  # one identical partial reward
     untrainable: int = 0  # no trainable episode (timeouts, env / verifier errors)
     reward_sum: float = 0.0  # sum of the mean trainable reward of each scored dropped group
+    # failed (masked) episodes of the dropped groups: "outcome: message" with numbers normalised -> count,
+    # and the first such episode's own one-line message
+    failures: Counter[str] = dataclasses.field(default_factory=Counter)
+    failure_examples: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def count(self) -> int:
@@ -50,6 +55,12 @@ class DropStreak:
         return self.all_correct + self.all_wrong + self.constant
 
     def add(self, group: Group) -> None:
+        for t in group.trajectories:
+            if t.reward is None:
+                message = (t.info.get("error") or "no message").splitlines()[0]
+                key = f"{t.outcome}: {normalise_message(message)}"
+                self.failures[key] += 1
+                self.failure_examples.setdefault(key, f"{t.outcome}: {message}")
         rewards = [float(t.reward) for t in group.trainable]  # type: ignore[arg-type]
         if not rewards:
             self.untrainable += 1
@@ -62,6 +73,11 @@ class DropStreak:
             self.all_wrong += 1
         else:
             self.constant += 1
+
+    def most_frequent_failure(self) -> str:
+        """``in K of M failed episodes: <outcome>: <message>`` for the commonest failure (ties: the first seen)."""
+        key, k = self.failures.most_common(1)[0]
+        return f"in {k} of {self.failures.total()} failed episodes: {self.failure_examples[key]}"
 
 
 _DIAGNOSIS = {
@@ -77,25 +93,41 @@ _DIAGNOSIS = {
         "Most dropped groups got one identical partial reward: check that the env's reward varies with the answer"
     ),
     "untrainable": (
-        "Most dropped groups had no trainable episode (timeouts, env or verifier errors): "
-        "see episodes/masked_* in metrics.jsonl"
+        "Most dropped groups had no trainable episode (timeouts, env or verifier errors); the commonest "
+        "failure, {failure} (errors.jsonl has every distinct error with its count)"
+    ),
+}
+_REMEDY = {
+    "scored": (
+        "To go on, raise pipeline.max_oversample_factor, or set pipeline.dynamic_sampling=false with "
+        "objective.advantages=whiten (trains on every group)."
+    ),
+    "untrainable": (
+        "To go on, fix that failure: a group with no trainable episode is dropped whatever "
+        "pipeline.dynamic_sampling says; raise pipeline.max_oversample_factor only if such failures come in bursts."
     ),
 }
 
 
 def stall_message(streak: DropStreak, cfg: PipelineSection) -> str:
-    """What the stall guard says: how many groups of which kind, why, and the knobs."""
+    """What the stall guard says, on one line: how many groups of which kind, why, and the knobs.
+
+    The guard fires when ``streak.count > max_oversample_factor x batch_groups``, with dynamic
+    sampling on (zero-variance and untrainable groups are dropped) or off (untrainable groups only).
+    """
     kinds = {k: getattr(streak, k) for k in _DIAGNOSIS}
     dominant = max(kinds, key=lambda k: kinds[k])  # ties: the first listed
     mean = f"{streak.reward_sum / streak.scored:.3f}" if streak.scored else "n/a"
     limit = cfg.max_oversample_factor * cfg.batch_groups
+    diagnosis = _DIAGNOSIS[dominant]
+    if dominant == "untrainable":
+        diagnosis = diagnosis.format(failure=streak.most_frequent_failure())
     return (
-        f"dynamic sampling dropped {streak.count} groups in a row, more than pipeline.max_oversample_factor x "
-        f"pipeline.batch_groups = {cfg.max_oversample_factor:g} x {cfg.batch_groups} = {limit:g}: "
-        f"{streak.all_correct} all-correct, {streak.all_wrong} all-wrong, {streak.constant} with another "
-        f"constant reward, {streak.untrainable} untrainable; mean reward of the dropped groups {mean}. "
-        f"{_DIAGNOSIS[dominant]}. To go on, raise pipeline.max_oversample_factor, or set "
-        f"pipeline.dynamic_sampling=false with objective.advantages=whiten (trains on every group)."
+        f"the batch cannot fill: {streak.count} groups in a row were dropped, more than "
+        f"pipeline.max_oversample_factor x pipeline.batch_groups = {cfg.max_oversample_factor:g} x "
+        f"{cfg.batch_groups} = {limit:g}: {streak.all_correct} all-correct, {streak.all_wrong} all-wrong, "
+        f"{streak.constant} with another constant reward, {streak.untrainable} untrainable; mean reward of "
+        f"the dropped groups {mean}. {diagnosis}. {_REMEDY['untrainable' if dominant == 'untrainable' else 'scored']}"
     )
 
 

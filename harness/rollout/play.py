@@ -69,6 +69,29 @@ class _Recorder:
         self.versions.extend(versions if generated else [NO_VERSION] * len(ids))
 
 
+def first_turn_prompt(
+    tokenizer: Tokenizer, messages: Sequence[Message], tools: Sequence[ToolSpec]
+) -> list[int]:
+    """The tokens of turn 1's prompt: the chat template over the env's opening messages and tools."""
+    return tokenizer.chat_prompt(messages, tools)
+
+
+async def opening_prompt(env: Env, task: Task, tokenizer: Tokenizer) -> list[int] | None:
+    """The prompt ``rollout`` sends the sampler on the first turn of ``task``; None when ``reset`` failed.
+
+    Runs the envs' episode loop (reset, the opening messages and tools) up to its first policy
+    call, which builds the prompt as ``rollout`` does and ends the episode unanswered.
+    """
+    prompt: list[int] = []
+
+    async def measure(messages: Sequence[Message], tools: Sequence[ToolSpec]) -> str:
+        prompt.extend(first_turn_prompt(tokenizer, messages, tools))
+        raise EpisodeTruncated("the opening prompt is measured, not answered")
+
+    await run_episode(env, task, measure, max_turns=1)
+    return prompt or None
+
+
 async def rollout(
     env: Env,
     task: Task,
@@ -89,7 +112,7 @@ async def rollout(
     async def policy(messages: Sequence[Message], tools: Sequence[ToolSpec]) -> str:
         turn_start = len(rec.tokens)
         if rec.turns == 0:
-            rec.extend(tokenizer.chat_prompt(messages, tools), generated=False)
+            rec.extend(first_turn_prompt(tokenizer, messages, tools), generated=False)
         else:
             rec.extend(tokenizer.close_turn(rec.last_output), generated=False)
             history, new = messages[: rec.messages_seen], messages[rec.messages_seen :]

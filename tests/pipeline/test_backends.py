@@ -4,6 +4,7 @@ and ``summary.json`` has one writer."""
 from __future__ import annotations
 
 import ast
+import asyncio
 import inspect
 import json
 from pathlib import Path
@@ -98,16 +99,21 @@ def test_summary_json_has_one_writer():
     assert _calls("write_summary") == ["harness/pipeline/runner.py:_train"]
 
 
-async def test_a_stalled_run_writes_the_orchestrators_summary_through_train(letter_env, tmp_path):
+@pytest.mark.parametrize("dynamic_sampling", [True, False])
+async def test_a_stalled_run_writes_the_orchestrators_summary_through_train(
+    letter_env, tmp_path, dynamic_sampling
+):
     run = tmp_path / "run"
-    # every episode's verifier fails: no group is trainable, so dynamic sampling stalls at step 0
-    cfg = config(letter_env, run, env_options={"verifier_fail_every": 1}, dynamic_sampling=True,
+    # every episode raises EnvError: no group is trainable, so the run stalls at step 0 with dynamic
+    # sampling on or off (off, it used to drop untrainable groups forever)
+    cfg = config(letter_env, run, env_options={"error_every": 1}, dynamic_sampling=dynamic_sampling,
                  max_oversample_factor=1.0)  # fmt: skip
     with pytest.raises(PipelineStalledError) as info:
-        await train(cfg)
+        await asyncio.wait_for(train(cfg), timeout=300)
     summary = json.loads((run / "summary.json").read_text())
     stalled = json.loads(json.dumps(info.value.summary, default=str))
     assert {k: summary[k] for k in stalled} == stalled  # every key the orchestrator reported, unchanged
     assert summary["stalled"] is True and summary["error"] == str(info.value)
+    assert "failed episodes: env_error: EnvError: letter backend down for task" in summary["error"]
     assert summary["checkpoint"] == str(run / "checkpoints" / "step_000000")
     assert summary["backend"] == "inprocess" and summary["stopped_by"] is None

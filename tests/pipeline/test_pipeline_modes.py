@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ from pipeline_fakes import BigramLearner, BigramSampler, LetterEnv
 from labrl.errors import SamplerError
 from labrl.harness.pipeline import Orchestrator, PipelineStalledError, latest_checkpoint
 from labrl.harness.pipeline.config import PipelineSection
+from labrl.harness.pipeline.errors_log import distinct_errors
 from labrl.harness.tokenizer import ByteTokenizer
 from labrl.harness.types import NO_VERSION, SamplingParams
 
@@ -152,7 +155,7 @@ def stalled_message(kind: str, correct: int, wrong: int, mean: str) -> str:
         ),
     }[kind]
     return (
-        "dynamic sampling dropped 7 groups in a row, more than pipeline.max_oversample_factor x "
+        "the batch cannot fill: 7 groups in a row were dropped, more than pipeline.max_oversample_factor x "
         f"pipeline.batch_groups = 2 x 3 = 6: {correct} all-correct, {wrong} all-wrong, 0 with another "
         f"constant reward, 0 untrainable; mean reward of the dropped groups {mean}. {diagnosis}. To go on, "
         "raise pipeline.max_oversample_factor, or set pipeline.dynamic_sampling=false with "
@@ -173,7 +176,7 @@ async def test_stall_guard_says_which_kind_of_group_was_dropped_and_checkpoints_
     expected = (
         stalled_message(kind, correct, wrong, mean)
         + f" Nothing is lost: the run stopped at step 0 and wrote {ckpt} and {run / 'summary.json'}; rerun the "
-        "same command with the change (e.g. pipeline.max_oversample_factor=4) to resume from step 0."
+        "same command with the change to resume from step 0."
     )
     with pytest.raises(PipelineStalledError) as info:
         await orch.run()
@@ -204,6 +207,45 @@ async def test_stall_guard_without_run_dir_only_raises():
     with pytest.raises(PipelineStalledError) as info:
         await orch.run()
     assert str(info.value) == stalled_message("all_wrong", 0, 7, "0.000")
+
+
+@pytest.mark.parametrize("mode", ["pipeline", "sync"])
+async def test_a_run_whose_every_episode_fails_stops_without_dynamic_sampling(tmp_path, mode):
+    run = tmp_path / "run"
+    orch, _ = make(mode, env=lambda: LetterEnv(error_every=1), max_oversample_factor=2.0, run_dir=run,
+                   dynamic_sampling=False)  # fmt: skip
+    with pytest.raises(PipelineStalledError) as info:
+        await asyncio.wait_for(orch.run(), timeout=60)  # before the fix: dropped groups forever
+    ckpt = run / "checkpoints" / "step_000000"
+    message = str(info.value)
+    assert "\n" not in message
+    assert re.fullmatch(
+        r"the batch cannot fill: 7 groups in a row were dropped, more than pipeline.max_oversample_factor x "
+        r"pipeline.batch_groups = 2 x 3 = 6: 0 all-correct, 0 all-wrong, 0 with another constant reward, "
+        r"7 untrainable; mean reward of the dropped groups n/a. Most dropped groups had no trainable episode "
+        r"\(timeouts, env or verifier errors\); the commonest failure, in 28 of 28 failed episodes: env_error: "
+        r"EnvError: letter backend down for task letter-train-\d+ \(errors.jsonl has every distinct error with "
+        r"its count\). To go on, fix that failure: a group with no trainable episode is dropped whatever "
+        r"pipeline.dynamic_sampling says; raise pipeline.max_oversample_factor only if such failures come in "
+        r"bursts. Nothing is lost: the run stopped at step 0 and wrote "
+        + re.escape(f"{ckpt} and {run / 'summary.json'}; rerun the same command with the change to resume")
+        + " from step 0.",
+        message,
+    )
+    assert latest_checkpoint(run) == ckpt
+    summary = info.value.summary
+    assert summary is not None and summary["stalled"] is True and summary["checkpoint"] == str(ckpt)
+    counters = torch.load(ckpt / "pipeline.pt", weights_only=False)["buffer"]["counters"]
+    assert counters["groups_untrainable"] >= 7 and "groups_kept" not in counters
+    # every failed episode is counted in errors.jsonl, under one distinct error
+    (error,) = distinct_errors(run)
+    assert error["count"] == counters["episodes_masked_env_error"] >= 28
+
+    # resumable: with the env fixed, the run trains on from the checkpoint
+    orch2, records = make(mode, run_dir=run, steps=2, dynamic_sampling=False)
+    await orch2.resume(ckpt)
+    await orch2.run()
+    assert [r["step"] for r in records] == [1, 2]
 
 
 async def test_sync_mode_is_deterministic_under_a_seed():
