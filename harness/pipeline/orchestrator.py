@@ -280,7 +280,8 @@ class Orchestrator:
         assert self.run_dir is not None
         message = (
             f"{exc} Nothing is lost: the run stopped at step {self.step} and wrote {target} and "
-            f"{self.run_dir / SUMMARY_FILE}; rerun the same command with the change to resume from step {self.step}."
+            f"{self.run_dir / SUMMARY_FILE}; rerun the same command with the change to resume from step {self.step} "
+            "(a change to a key that identifies the run, such as the model's shape, needs a new run_dir)."
         )
         summary = self.summary() | {
             "interrupted": True,

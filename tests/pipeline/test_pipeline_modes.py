@@ -176,7 +176,8 @@ async def test_stall_guard_says_which_kind_of_group_was_dropped_and_checkpoints_
     expected = (
         stalled_message(kind, correct, wrong, mean)
         + f" Nothing is lost: the run stopped at step 0 and wrote {ckpt} and {run / 'summary.json'}; rerun the "
-        "same command with the change to resume from step 0."
+        "same command with the change to resume from step 0 (a change to a key that identifies the run, such as the "
+        "model's shape, needs a new run_dir)."
     )
     with pytest.raises(PipelineStalledError) as info:
         await orch.run()
@@ -229,7 +230,9 @@ async def test_a_run_whose_every_episode_fails_stops_without_dynamic_sampling(tm
         r"pipeline.dynamic_sampling says; raise pipeline.max_oversample_factor only if such failures come in "
         r"bursts. Nothing is lost: the run stopped at step 0 and wrote "
         + re.escape(f"{ckpt} and {run / 'summary.json'}; rerun the same command with the change to resume")
-        + " from step 0.",
+        + re.escape(
+            " from step 0 (a change to a key that identifies the run, such as the model's shape, needs a new run_dir)."
+        ),
         message,
     )
     assert latest_checkpoint(run) == ckpt
