@@ -166,13 +166,13 @@ def _stop_forkserver() -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    server._stop()
+    server._stop()  # type: ignore[attr-defined]
 
 
 def _end_pool_at_exit() -> None:
     """At interpreter exit, end the pool before ``concurrent.futures`` joins its manager thread.
 
-    CPython 3.11 ``concurrent/futures/process.py`` registers ``_python_exit`` with
+    CPython 3.11's ``concurrent.futures.process`` registers ``_python_exit`` with
     ``threading._register_atexit``: at exit it wakes each pool's manager thread and joins it with no
     limit; a manager with running work waits for that work (or for a worker the forkserver never
     reaped) for ever. ``threading._shutdown`` calls these hooks in reverse order of registration, and

@@ -128,10 +128,11 @@ def _decode_at(text: str, start: int) -> tuple[Any, int]:
                 raise
             if exc.pos is None:
                 width = len(text) - start
-            elif exc.reached + LOOKAHEAD < len(window):
+                continue
+            assert exc.reached is not None  # set whenever pos is
+            if exc.reached + LOOKAHEAD < len(window):
                 raise
-            else:
-                width *= 2
+            width *= 2
         else:
             return value, start + end
 
