@@ -49,7 +49,7 @@ from pydantic import BaseModel
 
 from labrl.envs.pools import get_pool
 from labrl.envs.types import Action, EnvSpec, Observation, Split, StepResult, Task
-from labrl.errors import ConfigError, EnvError, EnvTimeoutError, VerifierError
+from labrl.errors import ConfigError, CredentialsRefusedError, EnvError, EnvTimeoutError, VerifierError
 from labrl.offload import run_cpu
 
 T = TypeVar("T")
@@ -137,7 +137,8 @@ class Env(ABC):
         offload: bool = False,
         **kwargs: Any,
     ) -> T:
-        """Compute a reward under the scoring deadline; failures become ``VerifierError``.
+        """Compute a reward under the scoring deadline; failures become ``VerifierError``, except a
+        judge refusing our key (``CredentialsRefusedError``), which stops the run.
 
         ``fn`` may be a coroutine function (awaited), a plain function run
         inline (fast scorers), or with ``offload=True`` a module-level function
@@ -153,7 +154,7 @@ class Env(ABC):
                 return fn(*args, **kwargs)  # type: ignore[return-value]
         except TimeoutError:
             raise EnvTimeoutError(f"{self.spec.id}: scoring did not finish within {timeout:g} s") from None
-        except (VerifierError, EnvTimeoutError):
+        except (VerifierError, EnvTimeoutError, CredentialsRefusedError):
             raise
         except Exception as exc:
             raise VerifierError(f"{self.spec.id}: scoring failed: {type(exc).__name__}: {exc}") from exc

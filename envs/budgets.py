@@ -15,8 +15,8 @@ deadlines. Per step it applies, in order:
        EnvTimeoutError,
        step deadline      -> timeout         (episode ends, no reward)
        any other error    -> env_error       (episode ends, no reward)
-       LabAuthError       -> raised          (STOPS_THE_RUN: the lab refused our key;
-                                              every episode would fail alike)
+       CredentialsRefusedError -> raised     (STOPS_THE_RUN: a lab or a judge refused our
+                                              key; every episode would fail alike)
 
    Outcomes other than invalid_action carry ``info["error"]`` (one line) and
    ``info["traceback"]`` (the full traceback, for the run's error log).
@@ -43,18 +43,19 @@ from typing import Any, TypeVar
 from labrl.envs.base import Env, no_episode_error
 from labrl.envs.types import Action, Message, Observation, Outcome, Split, StepResult, Task
 from labrl.errors import (
+    CredentialsRefusedError,
     EnvError,
     EnvTimeoutError,
     InvalidActionError,
-    LabAuthError,
     TransientEnvError,
     VerifierError,
 )
 from labrl.resilience import Backoff
 
-# Errors that say the setup is wrong (a lab refusing our key), not this episode: every episode would
-# fail the same way, so they stop the env and the run instead of becoming an outcome or a reward.
-STOPS_THE_RUN: tuple[type[BaseException], ...] = (LabAuthError,)
+# Errors that say the setup is wrong (a lab or a judge refusing our key: LabAuthError, JudgeAuthError),
+# not this episode: every episode would fail the same way, so they stop the env and the run instead
+# of becoming an outcome or a reward.
+STOPS_THE_RUN: tuple[type[BaseException], ...] = (CredentialsRefusedError,)
 
 T = TypeVar("T")
 

@@ -17,8 +17,8 @@ Failures of the env are data (outcome ``timeout`` / ``env_error`` /
 ``verifier_failed`` with ``reward=None``), whatever the env, its verifier or
 its judge raised, wrapped in ``BudgetedEnv`` or not: ``Episode.error`` holds
 one line and ``Episode.traceback`` the full traceback. The exception is an
-error that says the setup is wrong (``budgets.STOPS_THE_RUN``: a lab refusing
-our key), which propagates and stops the run. Failures of the policy
+error that says the setup is wrong (``budgets.STOPS_THE_RUN``: a lab or a judge
+refusing our key), which propagates and stops the run. Failures of the policy
 (the sampler) are the caller's and propagate.
 """
 

@@ -13,16 +13,18 @@ would reach for, so ``except ValueError`` still catches a bad config::
     ├── InvalidActionError (ValueError)       the model's action is unusable -> outcome invalid_action
     ├── VerifierError (RuntimeError)          scoring failed -> outcome verifier_failed (never a 0)
     ├── EnvTimeoutError (TimeoutError)        a phase overran its deadline -> outcome timeout
+    ├── CredentialsRefusedError (PermissionError)  a lab or judge refused our key (401/403): stops the run
     ├── LabError (RuntimeError)               lab adapters (labrl.lab_adapters)
     │   ├── LabTransportError (ConnectionError)
     │   │   └── LabCircuitOpenError           the client's circuit breaker is open: not even tried
     │   ├── LabTimeoutError (TimeoutError)
     │   ├── LabStatusError                    unexpected HTTP status from the lab
     │   ├── LabRejectedError (ValueError)     the lab refused the request (4xx, conflict)
-    │   ├── LabAuthError (PermissionError)    the lab refused our credentials (401/403): stop, never a reward
+    │   ├── LabAuthError (CredentialsRefused) the lab refused our credentials (401/403): stop, never a reward
     │   ├── LabJournalError                   the job journal is empty, corrupt or not a journal
     │   └── LabJobError                       the job ended without a result (failed, cancelled, expired)
     ├── JudgeError (RuntimeError)             rubric judges (labrl.verifiers.rubric)
+    │   └── JudgeAuthError (CredentialsRefused) the judge refused our credentials (401/403): stop, never a reward
     ├── SamplerError (RuntimeError)           samplers (local, SGLang)
     ├── LearnerError (RuntimeError)           learners
     │   └── LearnerLostError                  backend=ray: the learner actor (or its node) died
@@ -79,6 +81,14 @@ class EnvTimeoutError(LabrlError, TimeoutError):
     """A phase (reset, step, scoring) overran its deadline."""
 
 
+class CredentialsRefusedError(LabrlError, PermissionError):
+    """A service the run depends on (a lab, a judge) refused our credentials (HTTP 401/403).
+
+    A setup error, never the model's fault: every episode would fail alike, so it stops the env
+    and the run (``labrl.envs.budgets.STOPS_THE_RUN``) instead of becoming an outcome or a reward.
+    """
+
+
 class LabError(LabrlError, RuntimeError):
     """Root of lab-adapter errors."""
 
@@ -99,7 +109,7 @@ class LabRejectedError(LabError, ValueError):
     """The lab refused the request (bad payload, auth, idempotency conflict)."""
 
 
-class LabAuthError(LabError, PermissionError):
+class LabAuthError(LabError, CredentialsRefusedError):
     """The lab refused the client's credentials (HTTP 401/403): a setup error, never the model's fault."""
 
 
@@ -117,6 +127,10 @@ class LabJobError(LabError):
 
 class JudgeError(LabrlError, RuntimeError):
     """A rubric judge failed or answered something that does not parse."""
+
+
+class JudgeAuthError(JudgeError, CredentialsRefusedError):
+    """The judge refused the client's credentials (HTTP 401/403): a setup error, never a verifier failure."""
 
 
 class SamplerError(LabrlError, RuntimeError):
@@ -145,9 +159,11 @@ class RunFailedError(LabrlError, RuntimeError):
 
 __all__ = [
     "ConfigError",
+    "CredentialsRefusedError",
     "EnvError",
     "EnvTimeoutError",
     "InvalidActionError",
+    "JudgeAuthError",
     "JudgeError",
     "LabAuthError",
     "LabCircuitOpenError",

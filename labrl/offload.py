@@ -20,16 +20,22 @@ fix in the caller) instead of starting episodes again in every worker.
 
 Exceptions raised by ``fn`` are re-raised in the caller unchanged (labrl's
 errors are picklable); a worker that dies without answering gives ``EnvError``.
+
+Exit: work still running in the pool when the process exits is abandoned. Its
+workers and the forkserver are ended before ``concurrent.futures`` joins the
+pool's manager thread, so a busy or stuck pool cannot hold the exit (a stopped
+``labrl train`` exits within seconds of its summary).
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import multiprocessing as mp
 import os
+import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -41,7 +47,9 @@ from labrl.errors import ConfigError, EnvError, EnvTimeoutError
 T = TypeVar("T")
 
 _MP_CONTEXT: Final = "forkserver"
+STOP_GRACE_S: Final = 2.0  # a pool being ended: SIGTERM -> SIGKILL, and the wait for its manager thread
 _pool: ProcessPoolExecutor | None = None
+_pool_pid: int | None = None  # the process that created _pool (a fork inherits the reference, not the pool)
 _pool_lock = threading.Lock()
 
 
@@ -70,51 +78,114 @@ def cpu_pool() -> ProcessPoolExecutor:
         raise ConfigError(
             f"an unguarded script started labrl work while being re-imported: {MAIN_GUARD_HINT}"
         )
-    global _pool
+    global _pool, _pool_pid
     with _pool_lock:
         if _pool is None:
             _pool = ProcessPoolExecutor(
                 max_workers=_default_workers(), mp_context=mp.get_context(_MP_CONTEXT)
             )
+            _pool_pid = os.getpid()
         return _pool
 
 
 def shutdown_cpu_pool(*, terminate: bool = False) -> None:
     """Shut the shared pool down (queued work cancelled; running work finishes in the background).
 
-    ``terminate=True`` also stops the worker processes now (SIGTERM, then SIGKILL after 5 s) and
-    the forkserver they were forked from, so a process that exits (a server on SIGTERM) leaves no
-    pool process behind: workers forked by the forkserver are not our children and would
-    otherwise outlive us as orphans.
+    ``terminate=True`` also ends the worker processes now (SIGTERM, then SIGKILL after
+    ``STOP_GRACE_S``) and the forkserver they were forked from, then waits up to ``STOP_GRACE_S``
+    for the pool's manager thread. Workers forked by the forkserver are not our children and
+    would otherwise outlive us as orphans; a busy or dead-but-unreaped worker would otherwise keep
+    the manager thread, and so interpreter exit, waiting for ever (see ``_end_pool_at_exit``).
     """
     global _pool
     with _pool_lock:
         pool, _pool = _pool, None
+    manager: threading.Thread | None = None
     if pool is not None:
-        workers = list((getattr(pool, "_processes", None) or {}).values())  # CPython keeps them here
+        # CPython keeps these on the executor, and shutdown() drops its references to them
+        workers = list((getattr(pool, "_processes", None) or {}).values())
+        manager = getattr(pool, "_executor_manager_thread", None)
         pool.shutdown(wait=False, cancel_futures=True)
         if terminate:
-            for worker in workers:
-                if worker.is_alive():
-                    worker.terminate()
-            for worker in workers:
-                worker.join(timeout=5)
-                if worker.is_alive():
-                    worker.kill()
-                    worker.join(timeout=5)
+            _let_manager_drop_cancelled_work(pool, manager)
+            _end_processes(workers)
     if terminate:
         _stop_forkserver()
+        if manager is not None:
+            manager.join(timeout=STOP_GRACE_S)
+
+
+def _let_manager_drop_cancelled_work(pool: ProcessPoolExecutor, manager: threading.Thread | None) -> None:
+    """Wait (at most ``STOP_GRACE_S``) until the manager thread has handled ``shutdown(cancel_futures=True)``.
+
+    CPython 3.11's manager clears ``_cancel_pending_futures`` once it has dropped the cancelled work
+    items (``flag_executor_shutting_down``). Killing workers before that sends it to
+    ``terminate_broken``, whose ``set_exception`` on an already-cancelled future raises
+    ``InvalidStateError`` in the thread (caught there only from 3.12 on).
+    """
+    deadline = time.monotonic() + STOP_GRACE_S
+    while (
+        manager is not None
+        and manager.is_alive()
+        and getattr(pool, "_cancel_pending_futures", False)
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.01)
+
+
+def _end_processes(processes: list[Any]) -> None:
+    """SIGTERM every live process, SIGKILL whichever has not ended after ``STOP_GRACE_S`` in all."""
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + STOP_GRACE_S
+    for process in processes:
+        process.join(timeout=max(0.0, deadline - time.monotonic()))
+    for process in processes:
+        if process.is_alive():  # also a worker that died but that a stuck forkserver never reaped
+            process.kill()
 
 
 def _stop_forkserver() -> None:
+    """Kill the forkserver, then let multiprocessing forget it (the next pool starts a new one).
+
+    Killing rather than asking: ``_stop`` closes the forkserver's "alive" pipe and waits without a
+    limit for it to exit, which a forkserver blocked elsewhere never does. Its death also closes
+    the write end of every worker's sentinel pipe (CPython 3.11 ``popen_forkserver``: the sentinel
+    is the pipe on which the forkserver reports the worker's exit code), so a pool manager thread
+    waiting in ``wait_result_broken_or_wakeup`` on the sentinel of a worker the forkserver never
+    reaped wakes up, finds the pool broken and ends (``terminate_broken``).
+    """
     from multiprocessing import forkserver
 
-    stop = getattr(forkserver._forkserver, "_stop", None)  # private, present in CPython 3.8+
-    if stop is not None:
-        stop()
+    server = forkserver._forkserver
+    pid = getattr(server, "_forkserver_pid", None)  # private, present in CPython 3.8+
+    if pid is None:
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    server._stop()  # type: ignore[attr-defined]
 
 
-atexit.register(shutdown_cpu_pool)
+def _end_pool_at_exit() -> None:
+    """At interpreter exit, end the pool before ``concurrent.futures`` joins its manager thread.
+
+    CPython 3.11's ``concurrent.futures.process`` registers ``_python_exit`` with
+    ``threading._register_atexit``: at exit it wakes each pool's manager thread and joins it with no
+    limit; a manager with running work waits for that work (or for a worker the forkserver never
+    reaped) for ever. ``threading._shutdown`` calls these hooks in reverse order of registration, and
+    this module imported ``concurrent.futures.process`` (registering its hook) before registering
+    this one, so the workers are already ended when that join runs. A plain ``atexit`` hook runs
+    only after threads are joined: too late. A forked child that inherited the reference leaves
+    its parent's pool and forkserver alone.
+    """
+    if _pool is not None and _pool_pid == os.getpid():
+        shutdown_cpu_pool(terminate=True)
+
+
+threading._register_atexit(_end_pool_at_exit)  # type: ignore[attr-defined]
 
 
 async def run_cpu(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

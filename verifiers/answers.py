@@ -11,7 +11,9 @@ answer in this order and returns the first that parses:
 Hostile text is bounded: blocks are found in linear time
 (``labrl.untrusted_text``); the scan in 3 stops with ``InvalidActionError``
 once its decodes have read ``SCAN_WORK_FACTOR`` times the text (an
-unclosed-bracket flood would otherwise cost quadratic time); JSON nested past
+unclosed-bracket flood would otherwise cost quadratic time), and each decode
+is handed a window of the text around what it reads, never the whole text
+(see ``_decode_at``); JSON nested past
 the recursion limit or holding an integer of more than 4,300 digits is
 ``InvalidActionError``, never another exception.
 
@@ -44,6 +46,17 @@ _VALUE_START = re.compile(r"[{\[]")
 SCAN_WORK_FACTOR = 8
 SCAN_WORK_MIN = 65_536
 
+# A decode from `start` is handed text[start : start + width], width doubling from FIRST_WINDOW
+# until the decode stops LOOKAHEAD short of the window's end. A failed decode's error
+# (json.JSONDecodeError) builds its line and column by scanning the string it was handed from its
+# first character to the failure, so handed the whole text every failed attempt would cost its
+# offset: a flood of unclosed brackets, each failing at once, was quadratic (240k "{": 9 s).
+# Handed a window, an attempt that reads r characters costs at most
+#     max(2 * FIRST_WINDOW, 4 * (r + LOOKAHEAD))
+# (the windows of one attempt sum to at most twice the last, which is under 2 * (r + LOOKAHEAD)).
+FIRST_WINDOW = 32
+LOOKAHEAD = 16  # the decoder peeks at most this far past where it stops (a literal: "-Infinity")
+
 
 class _Unparsable(ValueError):
     """The block holds no JSON value; try the next place."""
@@ -74,11 +87,11 @@ def _scan(text: str, counter: list[int] | None = None) -> Any:
             break
         start = start_match.start()
         try:
-            value, end = raw_decode(text, start)
+            value, end = _decode_at(text, start)
         except UntrustedJSONError as exc:
             if exc.pos is None:  # nested too deeply / integer too long: not a usable answer
                 raise InvalidActionError(f"the reply's JSON cannot be read: {exc.msg}") from None
-            work += exc.reached - start + 1
+            work += exc.reached + 1
             pos = start + 1
         else:
             found.append(value)
@@ -94,6 +107,34 @@ def _scan(text: str, counter: list[int] | None = None) -> Any:
     if not found:
         raise _Unparsable("no JSON value")
     return found[-1]
+
+
+def _decode_at(text: str, start: int) -> tuple[Any, int]:
+    """``raw_decode(text, start)``'s value and end, handed windows of the text (see ``FIRST_WINDOW``).
+
+    A failure is the window's ``UntrustedJSONError``: ``pos`` and ``reached`` count from
+    ``start``. The window's answer is the whole text's: a value that closes inside the window
+    read nothing after it, and a failure more than ``LOOKAHEAD`` before the window's end did not
+    look at what follows. An error without a position (nesting, integer length) is taken from
+    the rest of the text, so its message is the one the whole text gives.
+    """
+    width = FIRST_WINDOW
+    while True:
+        window = text[start : start + width]
+        try:
+            value, end = raw_decode(window, 0)
+        except UntrustedJSONError as exc:
+            if start + width >= len(text):
+                raise
+            if exc.pos is None:
+                width = len(text) - start
+                continue
+            assert exc.reached is not None  # set whenever pos is
+            if exc.reached + LOOKAHEAD < len(window):
+                raise
+            width *= 2
+        else:
+            return value, start + end
 
 
 def _last_fence(text: str) -> str | None:

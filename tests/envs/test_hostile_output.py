@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
@@ -114,6 +116,92 @@ def test_json_scan_work_is_linear_in_the_reply(text):
     with pytest.raises(InvalidActionError):
         extract_json(text)
     assert counter[0] <= max(answers.SCAN_WORK_MIN, answers.SCAN_WORK_FACTOR * len(text)) + len(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<answer>" + "{" * 20_000 + "x" * 20_000,  # the issue's flood: each decode fails at once
+        '{"a" x' * 8_000,  # each decode fails a few characters in
+        "{\n" * 20_000,  # and each error counts the lines before it
+        '{"a": [1, ' * 13_000,
+        '[ "' + "x" * 130_000,
+        "[" * 500 + ' "' + "x" * 128_000,
+    ],
+    ids=[
+        "unclosed_braces",
+        "keys_without_colons",
+        "braces_on_lines",
+        "open_objects",
+        "unterminated_string",
+        "brackets_then_string",
+    ],
+)
+def test_json_scan_hands_the_decoder_linear_text(text):
+    """The real cost of the scan: every decode may read, and its error count lines over, the whole
+    string it is handed (json.JSONDecodeError counts newlines from its first character), so the
+    sum of what the decodes are handed is what the scan costs. Handed the whole text each time,
+    the issue's 20k-brace flood summed 8e8 characters (240k braces: 9 s)."""
+    handed = 0
+
+    def counting_raw_decode(doc: str, start: int):
+        nonlocal handed
+        handed += len(doc)
+        return untrusted_text.raw_decode(doc, start)
+
+    with mock.patch.object(answers, "raw_decode", counting_raw_decode), pytest.raises(InvalidActionError):
+        extract_json(text)
+    budget = max(answers.SCAN_WORK_MIN, answers.SCAN_WORK_FACTOR * len(text))
+    # per attempt <= 2 * FIRST_WINDOW + 4 * (read + LOOKAHEAD); attempts <= len(text); reads <= budget + len(text)
+    per_scan = (2 * answers.FIRST_WINDOW + 4 * answers.LOOKAHEAD) * len(text) + 4 * (budget + len(text))
+    assert handed <= 2 * per_scan  # extract_json scans the <answer> block, then the whole reply
+
+
+def _whole_text_decode(text: str, start: int):
+    """The decode the scan made before windows: ``raw_decode`` handed the whole text (positions from ``start``)."""
+    try:
+        return untrusted_text.raw_decode(text, start)
+    except untrusted_text.UntrustedJSONError as exc:
+        if exc.pos is None:
+            raise
+        raise untrusted_text.UntrustedJSONError(exc.msg, exc.pos - start, exc.reached - start) from None
+
+
+def _outcome(text: str):
+    try:
+        return ("value", answers._scan(text))
+    except ValueError as exc:  # InvalidActionError, or no JSON value
+        return (type(exc).__name__, str(exc))
+
+
+_NOISE = ["{", "}", "[", "]", '"', ":", ",", " ", "\n", "1e", "nul", '"\\u12', "x"]
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text('ab"\\\n{[', max_size=4),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text("ab", max_size=2), inner, max_size=3),
+    max_leaves=8,
+)
+# JSON values (some cut short) among noise: the answers the scan finds, and the failures it skips
+_REPLIES = st.lists(
+    st.one_of(
+        _JSON_VALUES.map(json.dumps),
+        st.tuples(_JSON_VALUES.map(json.dumps), st.integers(0, 40)).map(
+            lambda dumped_cut: dumped_cut[0][: dumped_cut[1]]
+        ),
+        st.sampled_from(_NOISE),
+    ),
+    max_size=8,
+).map("".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_REPLIES, st.integers(1, 8))
+def test_windowed_decodes_find_what_whole_text_decodes_find(text, first_window):
+    """Windows as small as 1 character (doubling) give the scan the same answers as the whole text."""
+    with mock.patch.object(answers, "FIRST_WINDOW", first_window):
+        windowed = _outcome(text)
+    with mock.patch.object(answers, "_decode_at", _whole_text_decode):
+        whole = _outcome(text)
+    assert windowed == whole
 
 
 def test_json_scan_still_finds_the_last_value_in_ordinary_replies():

@@ -11,10 +11,11 @@ import pytest
 
 from labrl.envs import Action, Outcome
 from labrl.envs.actions import parse_action
+from labrl.envs.episode import run_episode, scripted_policy
 from labrl.envs.judged import ScienceQAEnv, load_tasks
 from labrl.envs.judged.tasks import BUILTIN_TASKS
 from labrl.envs.registry import make
-from labrl.errors import ConfigError, InvalidActionError
+from labrl.errors import ConfigError, InvalidActionError, JudgeAuthError
 from labrl.verifiers.rubric import JudgeCache, JudgeClient, JudgeConfig, RubricGrader
 from labrl.verifiers.rubric.mock_judge import MockJudgeConfig, serve_in_thread
 
@@ -155,6 +156,29 @@ async def test_judge_failures_are_verifier_failed(fault: str) -> None:
         await env.close()
     assert result.outcome is Outcome.VERIFIER_FAILED and result.reward is None and result.done
     assert f"judge 'm-{fault}'" in result.info["error"]
+
+
+async def test_judge_refusing_the_key_stops_the_episode(monkeypatch) -> None:
+    """A real judge on localhost answering 401: the episode raises (the run stops with that one line),
+    where it used to be verifier_failed and the run went on failing every episode."""
+    monkeypatch.setenv("LABRL_TEST_JUDGE_KEY", "sk-wrong-key")
+    with serve_in_thread(MockJudgeConfig(api_key="sk-right-key")) as server:
+        judge = {
+            "base_url": server.base_url,
+            "model": "m",
+            "api_key_env": "LABRL_TEST_JUDGE_KEY",
+            "cache": False,
+        }
+        env = make(ENV_ID, judges=[judge])
+        task = env.make_task("train", 2)
+        try:
+            with pytest.raises(
+                JudgeAuthError, match=re.escape("refused the credentials in $LABRL_TEST_JUDGE_KEY: HTTP 401")
+            ):
+                await run_episode(env, task, scripted_policy(list(env.gold_actions(task))))
+        finally:
+            await env.close()
+        assert server.state.requests == 1  # not retried
 
 
 async def test_real_socket_judge_and_random_action() -> None:

@@ -9,7 +9,9 @@ import re
 import httpx
 import pytest
 
-from labrl.errors import ConfigError, JudgeError, VerifierError
+from labrl.envs.budgets import STOPS_THE_RUN
+from labrl.errors import ConfigError, JudgeAuthError, JudgeError, VerifierError
+from labrl.redact import MASK
 from labrl.verifiers.rubric import JudgeCache, JudgeClient, JudgeConfig, Rubric, RubricGrader
 from labrl.verifiers.rubric.mock_judge import MockJudgeConfig, serve_in_thread
 from labrl.verifiers.rubric.prompt import parse_scores
@@ -163,9 +165,50 @@ async def test_client_errors_are_not_retried() -> None:
         transport=httpx.MockTransport(handler),
     )
     rubric = Rubric.model_validate({"items": [{"text": "x"}]})
-    with pytest.raises(JudgeError, match=re.escape("refused the request: HTTP 400: 'bad model'")):
+    with pytest.raises(JudgeError, match=re.escape("refused the request: HTTP 400: 'bad model'")) as info:
         await client.judge(rubric.llm_items, "answer")
     assert calls == 1
+    assert not isinstance(info.value, STOPS_THE_RUN)  # a bad request is this grade's failure only
+
+
+@pytest.mark.parametrize("status", [401, 403])
+async def test_refused_credentials_stop_the_run_and_never_show_the_key(status, monkeypatch, caplog) -> None:
+    """401/403 is a setup error, as a lab's is: JudgeAuthError (in STOPS_THE_RUN), not retried, the
+    variable named, the key (even echoed back by the judge) never in the message or the logs."""
+    secret = "sk-judge-0123456789abcdef"
+    monkeypatch.setenv("LABRL_TEST_JUDGE_KEY", secret)
+    calls = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        return httpx.Response(status, text=f"bad key: {request.headers['authorization']}")
+
+    cfg = JudgeConfig(base_url="http://j/v1", model="m", api_key_env="LABRL_TEST_JUDGE_KEY", max_retries=3)
+    client = JudgeClient(cfg, cache=JudgeCache(), transport=httpx.MockTransport(handler))
+    rubric = Rubric.model_validate({"items": [{"text": "x"}]})
+    with caplog.at_level(logging.DEBUG), pytest.raises(JudgeAuthError) as info:
+        await RubricGrader([client]).grade(rubric, "answer")  # the grader lets it through
+    message = str(info.value)
+    assert message == (
+        f"judge 'm' at http://j/v1/chat/completions refused the credentials in $LABRL_TEST_JUDGE_KEY: "
+        f"HTTP {status}: 'bad key: Bearer {MASK}'"
+    )
+    assert calls == 1 and isinstance(info.value, STOPS_THE_RUN)
+    assert secret not in message and secret not in caplog.text
+
+
+async def test_refused_request_without_a_key_says_how_to_send_one() -> None:
+    client = JudgeClient(
+        JudgeConfig(base_url="http://j/v1", model="m"),
+        cache=JudgeCache(),
+        transport=httpx.MockTransport(lambda request: httpx.Response(401, text="no key")),
+    )
+    rubric = Rubric.model_validate({"items": [{"text": "x"}]})
+    with pytest.raises(
+        JudgeAuthError, match=re.escape("refused a request without credentials (set api_key_env")
+    ):
+        await client.judge(rubric.llm_items, "answer")
 
 
 async def test_transport_errors_are_retried() -> None:

@@ -276,6 +276,19 @@ class OffloadEnv(EchoEnv):
         return StepResult(reward=float(value == 9), done=True, info={"value": value})
 
 
+class PoolHangEnv(EchoEnv):
+    """Echo whose scoring runs in the process pool and never returns: each step times out and the
+    pool stays busy (the all-failing run whose exit hung at ``concurrent.futures``' atexit join)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spec = EnvSpec(id="test/pool-hang-v0", budgets=Budgets(step_timeout_s=0.5))
+
+    async def step(self, action: Action) -> StepResult:
+        await run_cpu(hang_forever)
+        raise AssertionError("hang_forever returned")
+
+
 class BlockingEnv(EchoEnv):
     """Echo whose step computes synchronously for ``block_s`` seconds: it stalls the event loop."""
 

@@ -25,7 +25,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from labrl.errors import ConfigError, JudgeError, VerifierError
+from labrl.errors import ConfigError, CredentialsRefusedError, JudgeError, VerifierError
 from labrl.verifiers.rubric.items import LLMItem, Rubric
 from labrl.verifiers.rubric.judge import JudgeClient, _gather
 from labrl.verifiers.rubric.scoring import rubric_score, score_deterministic
@@ -95,6 +95,8 @@ class RubricGrader:
         async def one(judge: JudgeClient) -> dict[str, list[tuple[float, str]]]:
             try:
                 return await judge.judge(items, response, question)
+            except CredentialsRefusedError:  # a setup error every grade would hit: stops the run
+                raise
             except JudgeError as exc:
                 raise VerifierError(f"judge {judge.name!r} failed: {exc}") from exc
             except VerifierError as exc:

@@ -27,6 +27,8 @@ with the isolated prompt of ``labrl.verifiers.rubric.prompt`` and a
 Errors, translated in one place (``_post``)::
 
     httpx.TransportError / timeout, 5xx, 429 (after retries) -> JudgeError
+    401, 403                                                -> JudgeAuthError (no retry; stops the run,
+                                                               as a lab refusing our key does)
     other 4xx                                               -> JudgeError (no retry)
     answer that does not parse / score out of range          -> VerifierError
 
@@ -47,7 +49,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from labrl.errors import ConfigError, JudgeError, VerifierError
+from labrl.errors import ConfigError, JudgeAuthError, JudgeError, VerifierError
 from labrl.redact import redact
 from labrl.resilience import Backoff, retry_after_s
 from labrl.verifiers.rubric.items import LLMItem
@@ -56,6 +58,7 @@ from labrl.verifiers.rubric.prompt import PROMPT_VERSION, build_messages, parse_
 log = logging.getLogger(__name__)
 
 MOCK_SCHEME = "mock://"
+AUTH_STATUSES = frozenset({401, 403})  # the judge refused our credentials: JudgeAuthError
 
 
 class JudgeConfig(BaseModel):
@@ -246,6 +249,12 @@ class JudgeClient:
             )
         return {"Authorization": f"Bearer {key}"}
 
+    def _refused_credentials(self) -> str:
+        """What a 401/403 says about our key: where it comes from (never the key itself)."""
+        if self.config.api_key_env is None:
+            return "refused a request without credentials (set api_key_env to the variable holding the key)"
+        return f"refused the credentials in ${self.config.api_key_env}"
+
     def _client(self) -> httpx.AsyncClient:
         if self._http is None:
             self._http = httpx.AsyncClient(
@@ -301,6 +310,10 @@ class JudgeClient:
                 retry_after = reply.headers.get("retry-after")
                 sent = headers.get("Authorization", "").removeprefix("Bearer ")
                 failure = f"HTTP {reply.status_code}: {redact(reply.text, [sent])[:200]!r}"
+                if reply.status_code in AUTH_STATUSES:
+                    raise JudgeAuthError(
+                        f"judge {name!r} at {self.config.url} {self._refused_credentials()}: {failure}"
+                    )
                 if not retryable:
                     raise JudgeError(f"judge {name!r} at {self.config.url} refused the request: {failure}")
             except (httpx.TransportError, TimeoutError) as exc:
