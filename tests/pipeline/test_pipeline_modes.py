@@ -283,6 +283,14 @@ async def test_resume_continues_without_training_any_group_twice(tmp_path):
         await orch2.sampler.update_weights({"W": orch2.sampler.W}, 3)
     await orch2.resume(ckpt)
     assert orch2.learner.version == 3 and orch2.sampler.version == 3
+    played: list[int] = []
+    play_here = orch2.play_group
+
+    async def recording(index, task, sampling):
+        played.append(index)
+        return await play_here(index, task, sampling)
+
+    orch2.play_group = recording
     await orch2.run()
     assert orch2.step == 8 and orch2.learner.version == 8
     assert [r["step"] for r in records] == [4, 5, 6, 7, 8]
@@ -293,7 +301,9 @@ async def test_resume_continues_without_training_any_group_twice(tmp_path):
     # buffered groups from before the stop are trained first, then restarted in-flight ones come back
     later = [g for x in lines[3:] for g in x["groups"]]
     assert later[: len(buffered_at_stop)] == buffered_at_stop
-    assert set(inflight_at_stop) & set(later)
+    # the interrupted groups are played again first (whether dynamic sampling then keeps them depends on
+    # what the policy samples, so that is not asserted)
+    assert played[: len(inflight_at_stop)] == inflight_at_stop
     # restarted groups regenerate with the resumed weights: only the buffered groups' rows predate version 3
     old_rows = 0
     for batch in orch2.learner.batches:  # type: ignore[attr-defined]
