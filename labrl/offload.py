@@ -30,6 +30,7 @@ pool's manager thread, so a busy or stuck pool cannot hold the exit (a stopped
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -162,10 +163,8 @@ def _stop_forkserver() -> None:
     pid = getattr(server, "_forkserver_pid", None)  # private, present in CPython 3.8+
     if pid is None:
         return
-    try:
+    with contextlib.suppress(ProcessLookupError):  # it may have ended already
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     server._stop()  # type: ignore[attr-defined]
 
 

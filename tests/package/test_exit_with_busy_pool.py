@@ -4,6 +4,7 @@ interpreter exit (``concurrent.futures.process._python_exit`` joining the pool's
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -102,10 +103,8 @@ def test_sigterm_with_a_busy_pool_exits_within_seconds_of_the_summary(tmp_path):
         time.sleep(1.0)  # the resource tracker ends when it reads the run's exit
         assert living_members(proc.pid) == []  # no worker or forkserver left behind
     finally:
-        try:
+        with contextlib.suppress(ProcessLookupError):  # the group may have ended already
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait()
     out, err = out_path.read_text(), err_path.read_text()
     assert proc.returncode == 143, (out, err)
