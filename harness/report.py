@@ -102,7 +102,8 @@ def summarise(rows: list[dict], evals: list[dict]) -> str:
         f"steps: {last['step']}  mode: {last.get('mode')}  wall: {last['time_s'] / 60:.1f} min",
         f"reward (batch mean): first {rows[0]['reward/mean']:.3f} -> last 10% {sum(r['reward/mean'] for r in tail) / len(tail):.3f}",
         f"staleness: mean {mean_stale:.2f}, max {max(stale) if stale else 0}, limit {last.get('staleness/limit')}, "
-        f"episodes over the limit {sum(r.get('staleness/over_max_episodes', 0) for r in rows)}",
+        f"episodes over the limit {sum(r.get('staleness/over_max_episodes', 0) for r in rows)} "
+        f"(+{sum(r.get('staleness/over_max_replayed_episodes', 0) for r in rows)} replayed after a fault)",
         f"episodes: {last.get('episodes/total')} finished, {last.get('episodes/masked_total')} masked (untrainable); "
         f"groups: {last.get('groups/kept_total')} kept, {last.get('groups/zero_variance_total')} zero-variance dropped",
         f"throughput: {sum(r.get('throughput/tokens_per_s', 0) for r in rows) / len(rows):.0f} tokens/s mean; "

@@ -11,9 +11,18 @@ A *group* is the G rollouts of one task. When a group arrives:
   starts another task in its place (oversampling), so every batch is full;
 - otherwise the group is kept, in arrival order.
 
-``pop_batch`` hands the ``batch_groups`` oldest kept groups to the learner.
-The whole buffer (kept groups with their trajectories, counters) is part of
-a checkpoint, so a resumed run trains each of them exactly once.
+``pop_batch`` hands the learner the ``batch_groups`` kept groups that
+*started* first (lowest sampler version at start, then start time), not the
+first to arrive: a group that took long is the stalest, and training it before
+younger groups that overtook it keeps it nearest the staleness bound its
+admission predicted (``admission``).
+
+The buffer also remembers the verdicts of the last ``KEEP_WINDOW`` groups
+(``recent_kept``), from which admission estimates the keep rate.
+
+The whole buffer (kept groups with their trajectories, counters, recent
+verdicts) is part of a checkpoint, so a resumed run trains each of them
+exactly once.
 """
 
 from __future__ import annotations
@@ -26,6 +35,10 @@ from typing import Any, Literal
 from labrl.harness.types import Trajectory
 
 Verdict = Literal["kept", "zero_variance", "untrainable"]
+
+#: groups whose verdicts the keep-rate estimate looks at: recent enough to follow dynamic sampling
+#: as the policy changes, long enough that one unlucky batch does not swing it
+KEEP_WINDOW = 64
 
 
 @dataclass
@@ -45,6 +58,11 @@ class Group:
         return [t for t in self.trajectories if t.reward is not None]
 
 
+def started_first(group: Group) -> tuple[int, float, int]:
+    """Sort key of ``pop_batch``: sampler version at start, then start time, then schedule index."""
+    return (group.start_version, group.started_at, group.index)
+
+
 def reward_spread(rewards: list[float]) -> float:
     return max(rewards) - min(rewards) if rewards else 0.0
 
@@ -58,6 +76,7 @@ class GroupBuffer:
         self.variance_eps = variance_eps
         self._groups: deque[Group] = deque()
         self.counters: Counter[str] = Counter()
+        self.recent_kept: deque[bool] = deque(maxlen=KEEP_WINDOW)
 
     def __len__(self) -> int:
         return len(self._groups)
@@ -84,6 +103,7 @@ class GroupBuffer:
             self.counters[f"episodes_masked_{t.outcome}"] += 1
         verdict = self.classify(group)
         self.counters[f"groups_{verdict}"] += 1
+        self.recent_kept.append(verdict == "kept")
         if verdict == "kept":
             self._groups.append(dataclasses.replace(group, trajectories=group.trainable))
         return verdict
@@ -93,7 +113,10 @@ class GroupBuffer:
             raise RuntimeError(
                 f"pop_batch with {len(self._groups)} groups buffered, {self.batch_groups} needed"
             )
-        return [self._groups.popleft() for _ in range(self.batch_groups)]
+        oldest = sorted(self._groups, key=started_first)[: self.batch_groups]
+        taken = {id(g) for g in oldest}
+        self._groups = deque(g for g in self._groups if id(g) not in taken)
+        return oldest
 
     def peek(self) -> list[Group]:
         return list(self._groups)
@@ -105,8 +128,14 @@ class GroupBuffer:
         return self.counters["groups_kept"] / added if added else 1.0
 
     def state_dict(self) -> dict[str, Any]:
-        return {"groups": list(self._groups), "counters": dict(self.counters)}
+        return {
+            "groups": list(self._groups),
+            "counters": dict(self.counters),
+            "recent_kept": list(self.recent_kept),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._groups = deque(state["groups"])
         self.counters = Counter(state["counters"])
+        # checkpoints written before the window existed start it empty: the estimate is then pessimistic
+        self.recent_kept = deque(state.get("recent_kept", ()), maxlen=KEEP_WINDOW)

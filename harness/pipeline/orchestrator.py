@@ -60,7 +60,12 @@ from labrl.envs.base import Env
 from labrl.envs.types import Task
 from labrl.errors import LabrlError
 from labrl.harness.metrics import JsonlWriter, StepTimer
-from labrl.harness.pipeline.admission import AdmissionState, may_start, trained_before_end
+from labrl.harness.pipeline.admission import (
+    AdmissionState,
+    may_start,
+    pessimistic_keep_rate,
+    trained_before_end,
+)
 from labrl.harness.pipeline.buffer import Group, GroupBuffer
 from labrl.harness.pipeline.checkpoint import SUMMARY_FILE, read_checkpoint, write_checkpoint
 from labrl.harness.pipeline.config import PipelineSection
@@ -200,16 +205,12 @@ class Orchestrator:
 
     @property
     def keep_rate(self) -> float:
-        """Expected fraction of started groups that are kept: 1 outside pipeline mode.
-
-        Estimated as ``(kept + 4) / (finished + 4)`` (four pseudo-groups, all
-        kept) and floored at 0.25: a few early drops must not let dozens of
-        groups run ahead of the learner.
-        """
+        """The keep rate admission assumes: 1 outside pipeline mode, else ``admission.pessimistic_keep_rate``
+        of the buffer's recent verdicts."""
         if self.cfg.mode != "pipeline":
             return 1.0
-        c = self.buffer.counters
-        return max(0.25, (c["groups_kept"] + 4) / (c["groups_added"] + 4))
+        recent = self.buffer.recent_kept
+        return pessimistic_keep_rate(sum(recent), len(recent))
 
     async def run(self) -> dict[str, Any]:
         """Train until ``total_steps`` or a stop request; returns a summary."""

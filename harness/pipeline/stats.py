@@ -141,13 +141,18 @@ def token_staleness(trajectories: list[Trajectory], learner_version: int) -> lis
     ]
 
 
-def episodes_over_staleness(trajectories: list[Trajectory], learner_version: int, limit: int) -> int:
-    """Episodes with at least one trained token staler than ``limit``."""
-    return sum(
-        1
-        for t in trajectories
-        if token_staleness([t], learner_version) and max(token_staleness([t], learner_version)) > limit
-    )
+#: ``Trajectory.info`` key set on an episode played again from its transcript after a fault or a
+#: resume (its tokens keep the versions of the first attempt): its staleness is counted apart
+REPLAYED = "replayed"
+
+
+def episodes_over_staleness(
+    trajectories: list[Trajectory], learner_version: int, limit: int
+) -> tuple[int, int]:
+    """Episodes with at least one trained token staler than ``limit``: ``(first plays, replays)``."""
+    over = [t for t in trajectories if max(token_staleness([t], learner_version), default=0) > limit]
+    replayed = sum(1 for t in over if t.info.get(REPLAYED))
+    return len(over) - replayed, replayed
 
 
 def _new_window() -> dict[str, Any]:
@@ -224,7 +229,7 @@ class StepStats:
         trained_groups: int,
         trajectories: list[Trajectory],
         staleness: list[int],
-        over_max: int,
+        over_max: tuple[int, int],
         queue_s: list[float],
         learner_metrics: dict[str, float],
     ) -> dict[str, Any]:
@@ -250,7 +255,8 @@ class StepStats:
             "staleness/mean": sum(staleness) / len(staleness) if staleness else 0.0,
             "staleness/max": max(staleness) if staleness else 0,
             "staleness/hist": dict(sorted(Counter(staleness).items())),
-            "staleness/over_max_episodes": over_max,
+            "staleness/over_max_episodes": over_max[0],
+            "staleness/over_max_replayed_episodes": over_max[1],
             "staleness/limit": max_staleness,
             "queue_s/mean": sum(queue_s) / len(queue_s),
             "episodes/finished": w["episodes"],

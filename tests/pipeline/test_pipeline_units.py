@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -19,8 +20,15 @@ from labrl.harness.pipeline import (
     predicted_train_version,
     process_overlong,
 )
-from labrl.harness.pipeline.admission import trained_before_end
+from labrl.harness.pipeline.admission import (
+    KEEP_RATE_FLOOR,
+    kept_upper,
+    pessimistic_keep_rate,
+    trained_before_end,
+)
+from labrl.harness.pipeline.buffer import KEEP_WINDOW
 from labrl.harness.pipeline.overlong import OverlongSection
+from labrl.harness.pipeline.stats import REPLAYED, episodes_over_staleness
 from labrl.harness.types import NO_VERSION, GenerateRequest, SamplingParams, Trajectory
 
 
@@ -112,10 +120,28 @@ def test_buffer_without_dynamic_sampling_keeps_zero_variance_groups():
 def test_buffer_state_round_trip():
     buf = GroupBuffer(batch_groups=3)
     buf.add(Group(0, 10, [traj(1.0), traj(0.0)], 0))
+    buf.add(Group(1, 11, [traj(1.0), traj(1.0)], 0))
     other = GroupBuffer(batch_groups=3)
     other.load_state_dict(buf.state_dict())
     assert [g.task_seed for g in other.peek()] == [10]
     assert other.counters == buf.counters
+    assert list(other.recent_kept) == [True, False]
+    # a checkpoint from before the window existed: the window starts empty (keep rate 1 assumed)
+    old = {k: v for k, v in buf.state_dict().items() if k != "recent_kept"}
+    other.load_state_dict(old)
+    assert list(other.recent_kept) == []
+
+
+def test_batches_take_the_groups_that_started_first_not_the_first_to_arrive():
+    buf = GroupBuffer(batch_groups=2)
+    # arrival order: a young group, an old slow one, a middle one, then a tie on version broken by time
+    buf.add(Group(7, 7, [traj(1.0), traj(0.0)], start_version=3, started_at=30.0))
+    buf.add(Group(2, 2, [traj(1.0), traj(0.0)], start_version=1, started_at=10.0))
+    buf.add(Group(5, 5, [traj(1.0), traj(0.0)], start_version=2, started_at=20.0))
+    buf.add(Group(9, 9, [traj(1.0), traj(0.0)], start_version=1, started_at=5.0))
+    assert [g.index for g in buf.pop_batch()] == [9, 2]
+    assert [g.index for g in buf.peek()] == [7, 5]  # the rest keep their arrival order
+    assert [g.index for g in buf.pop_batch()] == [5, 7]
 
 
 # -- admission ------------------------------------------------------------------------
@@ -125,12 +151,53 @@ def test_predicted_train_version_by_hand():
     s = AdmissionState(
         learner_version=5, learner_busy=True, sampler_version=5, buffered_groups=3, inflight_groups=6
     )
-    # ahead = 3 + 0.5 * 6 = 6 groups; batch 4 -> one full batch ahead; busy -> +1
-    assert predicted_train_version(s, batch_groups=4, keep_rate=0.5) == 5 + 1 + 1
-    assert may_start(s, 4, 0.5, max_staleness=2)
-    assert not may_start(s, 4, 0.5, max_staleness=1)
-    # keep rate 1: ahead = 9 -> two batches ahead
-    assert predicted_train_version(s, batch_groups=4, keep_rate=1.0) == 8
+    # of 6 in flight at keep rate 0.5, at worst ceil(3 + 1.645 sqrt(1.5)) = ceil(5.01) = 6 are kept:
+    # ahead = 3 + 6 = 9 groups; batch 4 -> two full batches ahead; busy -> +1
+    assert kept_upper(6, 0.5) == 6
+    assert predicted_train_version(s, batch_groups=4, keep_rate=0.5) == 5 + 1 + 2
+    assert may_start(s, 4, 0.5, max_staleness=3)
+    assert not may_start(s, 4, 0.5, max_staleness=2)
+    # the mean (3 kept) would have said one batch ahead: optimistic when 4+ of them are kept
+    s16 = dataclasses.replace(s, buffered_groups=0, inflight_groups=16)
+    assert kept_upper(16, 0.6) == 13  # 9.6 + 1.645 x 1.96 = 12.8
+    assert predicted_train_version(s16, 4, 0.6) == 5 + 1 + 3
+
+
+def test_kept_upper_is_exact_at_the_ends_and_capped():
+    assert [kept_upper(n, 1.0) for n in range(5)] == [0, 1, 2, 3, 4]
+    assert [kept_upper(n, 0.0) for n in range(5)] == [0] * 5
+    assert kept_upper(1, 0.85) == 1 and kept_upper(8, 0.5) == 7
+    assert kept_upper(200, 0.5) == 112  # 100 + 1.645 x 7.07 = 111.6
+
+
+def test_pessimistic_keep_rate_by_hand():
+    assert pessimistic_keep_rate(0, 0) == 1.0  # nothing seen: assume every group is kept
+    assert pessimistic_keep_rate(64, 64) == 1.0
+    assert pessimistic_keep_rate(0, 64) == KEEP_RATE_FLOOR
+    # Wilson upper bound, z = 1.645: p = 38/64 = 0.594 -> 0.689
+    assert pessimistic_keep_rate(38, 64) == pytest.approx(0.6889, abs=1e-4)
+    # fewer groups seen, same rate: less certain, so higher
+    assert pessimistic_keep_rate(6, 10) == pytest.approx(0.8058, abs=1e-4)
+    with pytest.raises(ValueError, match="kept must be in"):
+        pessimistic_keep_rate(5, 4)
+
+
+def test_keep_rate_follows_the_recent_window_not_the_whole_run():
+    buf = GroupBuffer(batch_groups=100)
+    for i in range(200):  # a long run that kept every group ...
+        buf.add(Group(i, i, [traj(1.0), traj(0.0)], 0))
+    for i in range(200, 200 + KEEP_WINDOW):  # ... then drops every group for one window
+        buf.add(Group(i, i, [traj(1.0), traj(1.0)], 0))
+    assert buf.keep_rate == pytest.approx(200 / (200 + KEEP_WINDOW))  # cumulative: still 0.76
+    assert list(buf.recent_kept) == [False] * KEEP_WINDOW
+    assert pessimistic_keep_rate(sum(buf.recent_kept), len(buf.recent_kept)) == KEEP_RATE_FLOOR
+
+
+def test_episodes_over_the_bound_are_counted_apart_when_replayed_from_a_transcript():
+    fresh = [traj(1.0, version=v) for v in (9, 6, 5)]  # staleness 1, 4, 5 at learner version 10
+    replayed = [dataclasses.replace(traj(0.0, version=v), info={REPLAYED: True}) for v in (2, 9)]
+    assert episodes_over_staleness(fresh + replayed, 10, 4) == (1, 1)
+    assert episodes_over_staleness(fresh + replayed, 10, 0) == (3, 2)
 
 
 def test_sync_admission_admits_exactly_one_batch():
@@ -151,7 +218,10 @@ def test_no_group_starts_past_the_runs_last_batch():
     # the last step is training: whatever starts now would join step 11
     assert not trained_before_end(state(0, busy=True), 4, 1.0, 9, 10)
     # dynamic sampling drops half the groups: twice as many may run for the last batch
-    assert [trained_before_end(state(k), 4, 0.5, 9, 10) for k in range(10)] == [True] * 8 + [False] * 2
+    # dynamic sampling drops half the groups, but 4 in flight may all be kept: no more than with none
+    assert [trained_before_end(state(k), 4, 0.5, 9, 10) for k in range(10)] == [True] * 4 + [False] * 6
+    # at keep rate 0.25, at worst 3 of 5 are kept but 4 of 6 (1.5 + 1.645 x 1.06 = 3.24)
+    assert [trained_before_end(state(k), 4, 0.25, 9, 10) for k in range(10)] == [True] * 6 + [False] * 4
     assert trained_before_end(state(0, buffered=3), 4, 1.0, 9, 10)
     assert not trained_before_end(state(0, buffered=4), 4, 1.0, 9, 10)
 

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -26,6 +27,7 @@ from typing import Any
 from labrl.envs.types import Task
 from labrl.errors import LearnerLostError, SamplerError, WorkerLostError
 from labrl.harness.pipeline.checkpoint import latest_checkpoint
+from labrl.harness.pipeline.stats import REPLAYED
 from labrl.harness.types import GenerateRequest, GenerateResult, SamplingParams, TrainBatch, Trajectory
 from labrl.resilience import Backoff
 
@@ -274,9 +276,8 @@ class EnvWorkerPool:
         while True:
             i = self._pick(failed)
             self.load[i] += 1
-            ref = self.workers[i].play_group.remote(
-                index, task, sampling, attempt > 0 or index in self.to_resume
-            )
+            replay = attempt > 0 or index in self.to_resume
+            ref = self.workers[i].play_group.remote(index, task, sampling, replay)
             try:
                 result = await ref
             except asyncio.CancelledError:
@@ -302,6 +303,8 @@ class EnvWorkerPool:
             self.payload_bytes += result.payload_bytes
             self.to_resume.discard(index)
             self.delivered.add(index)
+            if replay:  # its transcripts' tokens keep the versions of the first attempt
+                return [dataclasses.replace(t, info={**t.info, REPLAYED: True}) for t in result.trajectories]
             return result.trajectories
 
     def checkpointed(self, inflight: Collection[int]) -> None:
