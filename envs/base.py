@@ -34,6 +34,12 @@ fits the model's context (say True only when ``reset`` is local and quick).
 ``gold_actions(task)`` returns actions that score full reward, where the env
 knows the answer (the checker and the scripted policy use it);
 ``random_action(task, rng)`` a plausible but uninformed action (for dry runs).
+
+``task_label(task)`` and ``answer_label(task, final_info)`` opt in to per-class
+evaluation: the class a task belongs to and the class the policy answered,
+read from the info of the episode's last step. The harness then breaks each
+held-out evaluation down by class (``by_label`` in ``eval.jsonl``), which is
+how a policy that never names some class shows up. Default None: no breakdown.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, ClassVar, TypeVar
 
@@ -98,6 +104,18 @@ class Env(ABC):
         return Action(
             text="".join(rng.choice('abcdefghij {}[]:,"0123456789') for _ in range(rng.randint(0, 40)))
         )
+
+    def task_label(self, task: Task) -> str | None:
+        """The class ``task`` belongs to, for per-class evaluation; None (the default): no breakdown."""
+        return None
+
+    def answer_label(self, task: Task, final_info: Mapping[str, Any]) -> str | None:
+        """The class the policy answered on ``task``, from the ``info`` of the episode's last step.
+
+        Asked only where ``task_label`` gives a label and the episode's outcome is trainable
+        (an answer the env judged); None: the answers are not broken down.
+        """
+        return None
 
     def reset_is_cheap(self) -> bool:
         """Whether ``reset`` is local and quick: no lab, network, judge, subprocess or deliberate wait.

@@ -37,7 +37,7 @@ import asyncio
 import math
 import random
 import traceback
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from labrl.envs.base import Env, no_episode_error
@@ -87,6 +87,12 @@ class BudgetedEnv(Env):
 
     def random_action(self, task: Task, rng: random.Random) -> Action:
         return self.env.random_action(task, rng)
+
+    def task_label(self, task: Task) -> str | None:
+        return self.env.task_label(task)
+
+    def answer_label(self, task: Task, final_info: Mapping[str, Any]) -> str | None:
+        return self.env.answer_label(task, final_info)
 
     async def close(self) -> None:
         await self.env.close()

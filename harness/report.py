@@ -14,7 +14,14 @@ with both axes labelled:
   dual clip) per step;
 - ``env_latency.png``: env latency p50 / p90 / p99 per step;
 - ``throughput.png``: generated tokens/s and trained samples/s, with the
-  learner's and the sampler's busy fractions.
+  learner's and the sampler's busy fractions;
+- ``by_label.png`` (only when the evaluations carry ``by_label``: an env that
+  labels its tasks): held-out accuracy per task label, one line per label (the
+  ``MAX_LABEL_LINES`` lowest at the last evaluation when there are more).
+
+The summary ends, for labelled runs, with the labels the policy never answered
+at the last evaluation (accuracy 0 and named for no task): a policy that has
+collapsed those classes onto others, with what it answered instead.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from labrl.harness.pipeline.errors_log import FAILED_OUTCOMES
 XAxis = Literal["step", "time"]
 X_LABELS = {"step": "learner step", "time": "wall-clock of training (min)"}
 FRACTION_YLIM = (-0.02, 1.02)  # a fraction axis, with room for lines that sit on 0 or 1
+MAX_LABEL_LINES = 12  # more lines than this cannot be told apart on one plot
 
 
 @dataclass
@@ -57,6 +65,13 @@ def _x(rows: list[dict], x: XAxis) -> list[float]:
     if x == "step":
         return [float(r["step"]) for r in rows]
     return [t / 60 for t in monotone_time([float(r.get("time_s") or 0.0) for r in rows])]
+
+
+def _eval_x(evals: list[dict], x: XAxis) -> list[float]:
+    """The x of each evaluation: its step, or its wall-clock minutes (monotone across resumes)."""
+    if x == "step":
+        return [float(e["step"]) for e in evals]
+    return [t / 60 for t in monotone_time([float(e.get("time_s") or 0.0) for e in evals])]
 
 
 def _series(rows: list[dict], key: str, x: XAxis = "step") -> tuple[list[float], list[float]]:
@@ -90,6 +105,44 @@ def staleness_counts(rows: list[dict]) -> Counter[int]:
     return stale
 
 
+def label_accuracy(evals: list[dict], x: XAxis = "step") -> dict[str, tuple[list[float], list[float]]]:
+    """Per task label, the (x, held-out accuracy) of every evaluation that saw the label."""
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    for e, xv in zip(evals, _eval_x(evals, x), strict=True):
+        for label, cell in (e.get("by_label") or {}).items():
+            xs, ys = out.setdefault(label, ([], []))
+            xs.append(xv)
+            ys.append(float(cell["accuracy"]))
+    return out
+
+
+def never_answered(evaluation: dict) -> dict[str, dict[str, int]]:
+    """Labels of ``evaluation`` with accuracy 0 that the policy gave as no task's answer, with what it
+    answered on their tasks instead (most frequent first)."""
+    by_label = evaluation.get("by_label") or {}
+    answered = {a for cell in by_label.values() for a in cell.get("answers", {})}
+    return {
+        label: dict(sorted(cell.get("answers", {}).items(), key=lambda kv: -kv[1]))
+        for label, cell in by_label.items()
+        if cell["accuracy"] == 0 and label not in answered
+    }
+
+
+def collapse_line(evals: list[dict]) -> str | None:
+    """The summary's line on collapsed labels at the last evaluation with ``by_label``; None without."""
+    labelled = [e for e in evals if e.get("by_label")]
+    if not labelled:
+        return None
+    last = labelled[-1]
+    lost = never_answered(last)
+    if not lost:
+        return f"never answered at step {last['step']}: none (every label of {len(last['by_label'])} named)"
+    return f"never answered at step {last['step']}: " + ", ".join(
+        f"{label} (answered as {', '.join(f'{a} {n}' for a, n in answers.items())})"
+        for label, answers in lost.items()
+    )
+
+
 def summarise(rows: list[dict], evals: list[dict]) -> str:
     if not rows:
         return "no learner steps recorded"
@@ -116,6 +169,9 @@ def summarise(rows: list[dict], evals: list[dict]) -> str:
             + ", ".join(f"step {e['step']}: {e['accuracy']:.3f}" for e in evals[:: max(1, len(evals) // 8)])
             + (f", final step {evals[-1]['step']}: {evals[-1]['accuracy']:.3f}" if len(evals) > 1 else "")
         )
+    collapse = collapse_line(evals)
+    if collapse is not None:
+        lines.append(collapse)
     return "\n".join(lines)
 
 
@@ -164,12 +220,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, x: XAxis
     ax.plot(*_series(rows, "reward/mean", x), label="batch reward (mean)", alpha=0.6)
     ax.plot(*_series(rows, "reward/accuracy", x), label="batch accuracy", alpha=0.6)
     if evals:
-        ex = (
-            [float(e["step"]) for e in evals]
-            if x == "step"
-            else [t / 60 for t in monotone_time([float(e.get("time_s") or 0.0) for e in evals])]
-        )
-        ax.plot(ex, [e["accuracy"] for e in evals], "o-", label="held-out accuracy")
+        ax.plot(_eval_x(evals, x), [e["accuracy"] for e in evals], "o-", label="held-out accuracy")
     ax.legend()
     save(fig, ax, "reward.png", title="reward and accuracy", ylabel="reward / accuracy", ylim=FRACTION_YLIM)
 
@@ -255,6 +306,23 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, x: XAxis
     ax.legend(loc="upper left", fontsize=8)
     ax2.legend(loc="upper right", fontsize=8)
     save(fig, ax, "throughput.png", title="throughput", ylabel="generated tokens / s")
+
+    per_label = label_accuracy(evals, x)
+    if per_label:
+        shown = sorted(per_label, key=lambda label: (per_label[label][1][-1], label))[:MAX_LABEL_LINES]
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for label in sorted(shown):
+            ax.plot(*per_label[label], "o-", markersize=3, label=label)
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+        which = "" if len(shown) == len(per_label) else f" ({len(shown)} lowest of {len(per_label)})"
+        save(
+            fig,
+            ax,
+            "by_label.png",
+            title=f"held-out accuracy per task label{which}",
+            ylabel="held-out accuracy",
+            ylim=FRACTION_YLIM,
+        )
 
     report.summary = summarise(rows, evals)
     (out_dir / "summary.txt").write_text(report.summary + "\n")

@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from pydantic import ValidationError
@@ -67,6 +67,8 @@ SINGLE_ID = "xrd/phase-id-v0"
 TOOLS_ID = "xrd/phase-id-tools-v0"
 SINGLE_V1_ID = "xrd/phase-id-v1"
 TOOLS_V1_ID = "xrd/phase-id-tools-v1"
+#: the answer label of a reply that named no phase of the library (it did not parse: an invalid action)
+UNPARSED_ANSWER = "(unparsed)"
 _V1_DEFAULTS = {"library": "v1", "answer_pool": "experimental", "physics": "v1", "fit": {"version": "v1"}}
 
 
@@ -207,6 +209,17 @@ class PhaseIdEnv(Env):
         reward, info = await self._reward(claimed)
         return StepResult(reward=reward, done=True, info=info)
 
+    # -- per-class evaluation ----------------------------------------------------------
+
+    def task_label(self, task: Task) -> str | None:
+        """The gold phase id(s), sorted and '+'-joined for a mixture (``CaSi6_166``, ``Ne_225+Os_194``)."""
+        return phase_set_label(p["id"] for p in task.answer["phases"])
+
+    def answer_label(self, task: Task, final_info: Mapping[str, Any]) -> str | None:
+        """The claimed phase id(s) as ``task_label`` writes them; ``UNPARSED_ANSWER`` when nothing was claimed."""
+        claimed = final_info.get("claimed")
+        return phase_set_label(claimed) if claimed else UNPARSED_ANSWER
+
     # -- scripted actions ------------------------------------------------------------
 
     def _answer_text(self, phases: list[dict[str, Any]], with_weights: bool) -> str:
@@ -250,6 +263,11 @@ class PhaseIdEnv(Env):
 
     def random_action(self, task: Task, rng: random.Random) -> Action:
         return Action(text=self.random_text(task, rng))
+
+
+def phase_set_label(phase_ids: Iterable[str]) -> str:
+    """One label for a set of phases: the ids sorted and '+'-joined (order of claim or mixture ignored)."""
+    return "+".join(sorted(phase_ids))
 
 
 def _required_object(**properties: dict[str, Any]) -> dict[str, Any]:

@@ -20,6 +20,9 @@ output. A token keeps the routing of the forward that first processed it
 earlier turn are kept and only new rows are appended; the last row of a
 result (the never-fed final token) is replaced when the next turn processes
 that token.
+
+Where the env labels its tasks (``Env.task_label``), ``Trajectory.info`` carries
+``task_label`` and ``answer_label`` (``episode_labels``) for per-class evaluation.
 """
 
 from __future__ import annotations
@@ -162,7 +165,7 @@ async def rollout(
         num_turns=episode.num_turns,
         routed_experts_T_L_K=rec.routed,
         timings={"generation_s": rec.generation_s, "env_s": episode.timings["env_s"], "wall_s": wall},
-        info=_error_info(episode),
+        info={**_error_info(episode), **episode_labels(env, episode)},
     )
 
 
@@ -174,6 +177,23 @@ def _error_info(episode: Episode) -> dict[str, str]:
     if episode.traceback:
         info["traceback"] = episode.traceback
     return info
+
+
+def episode_labels(env: Env, episode: Episode) -> dict[str, str]:
+    """``task_label`` and ``answer_label`` of the episode, where the env labels its tasks (``Env.task_label``).
+
+    An episode that failed (outcome not trainable) is answered ``(<outcome>)``, e.g. ``(timeout)``:
+    the env judged no answer, and the breakdown still counts it where it went.
+    """
+    label = env.task_label(episode.task)
+    if label is None:
+        return {}
+    if not episode.outcome.trainable:
+        answer: str | None = f"({episode.outcome.value})"
+    else:
+        final_info = episode.turns[-1].result.info if episode.turns else {}
+        answer = env.answer_label(episode.task, final_info)
+    return {"task_label": label, **({"answer_label": answer} if answer is not None else {})}
 
 
 async def rollout_group(

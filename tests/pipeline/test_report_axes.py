@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from labrl.cli import main
-from labrl.harness.report import X_LABELS, monotone_time, write_report
+from labrl.harness.report import X_LABELS, label_accuracy, monotone_time, write_report
 
 
 def write_run(run_dir, times):
@@ -53,3 +53,50 @@ def test_plots_are_against_the_step_with_both_axes_labelled_and_show_error_rates
     assert "failed episodes: env_error 0.200" in capsys.readouterr().out
     timed = write_report(tmp_path, tmp_path / "t", x="time")
     assert timed.axes["reward"][0] == "wall-clock of training (min)"
+
+
+def test_per_label_accuracy_is_plotted_and_labels_never_answered_are_named(tmp_path, capsys):
+    write_run(tmp_path, [10.0, 20.0, 30.0, 40.0])
+    first = {
+        "CaSi6_166": {"n": 40, "accuracy": 0.5, "answers": {"CaSi6_166": 20, "Ne_225": 20}},
+        "Ne_225": {"n": 40, "accuracy": 0.75, "answers": {"Ne_225": 30, "CaSi6_166": 10}},
+        "Os_194": {"n": 48, "accuracy": 1.0, "answers": {"Os_194": 48}},
+    }
+    last = {
+        "CaSi6_166": {"n": 40, "accuracy": 0.0, "answers": {"NaTl_227": 13, "Ne_225": 26, "(unparsed)": 1}},
+        "Ne_225": {"n": 40, "accuracy": 1.0, "answers": {"Ne_225": 40}},
+        "Os_194": {"n": 48, "accuracy": 0.0, "answers": {"Ne_225": 48}},
+        "NaTl_227": {"n": 1, "accuracy": 1.0, "answers": {"NaTl_227": 1}},
+    }
+    evals = [
+        {"step": 0, "accuracy": 0.77, "time_s": 5.0, "by_label": first},
+        {"step": 4, "accuracy": 0.32, "time_s": 30.0, "by_label": last},
+    ]
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+
+    assert label_accuracy(evals) == {
+        "CaSi6_166": ([0.0, 4.0], [0.5, 0.0]),
+        "Ne_225": ([0.0, 4.0], [0.75, 1.0]),
+        "Os_194": ([0.0, 4.0], [1.0, 0.0]),
+        "NaTl_227": ([4.0], [1.0]),
+    }
+    report = write_report(tmp_path)
+    assert report.axes["by_label"] == ("learner step", "held-out accuracy")
+    line = (
+        "never answered at step 4: CaSi6_166 (answered as Ne_225 26, NaTl_227 13, (unparsed) 1), "
+        "Os_194 (answered as Ne_225 48)"
+    )
+    assert report.summary.splitlines()[-1] == line
+
+    assert main(["report", str(tmp_path)]) == 0
+    assert line in capsys.readouterr().out.splitlines()
+
+
+def test_a_labelled_run_with_every_label_answered_says_so(tmp_path):
+    write_run(tmp_path, [10.0, 20.0])
+    cells = {"Ne_225": {"n": 2, "accuracy": 0.5, "answers": {"Ne_225": 1, "Os_194": 1}},
+             "Os_194": {"n": 1, "accuracy": 0.0, "answers": {"Ne_225": 1}}}  # fmt: skip
+    (tmp_path / "eval.jsonl").write_text(json.dumps({"step": 2, "accuracy": 0.3, "by_label": cells}) + "\n")
+    report = write_report(tmp_path, x="time")
+    assert report.summary.splitlines()[-1] == "never answered at step 2: none (every label of 2 named)"
+    assert report.axes["by_label"][0] == X_LABELS["time"]

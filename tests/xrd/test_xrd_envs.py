@@ -140,3 +140,27 @@ async def test_instrument_latency_is_awaited_not_blocking():
     t0 = time.perf_counter()
     await env.reset(task)
     assert time.perf_counter() - t0 >= 0.2
+
+
+async def test_tasks_are_labelled_by_gold_phase_and_episodes_by_the_claimed_one():
+    from labrl.envs.episode import run_episode, scripted_policy
+    from labrl.harness.rollout.play import episode_labels
+
+    options = {"tier": 1, "n_candidates": 4, "phase_pool": 8, "answer_format": "formula", "offload": False}
+    env = make("xrd/phase-id-v0", **options)
+    task = env.make_task("test", 0)
+    assert task.prompt["candidates"] == {"A": "CaSi6_166", "B": "Sr7Ge_225", "C": "Os_194", "D": "GeF4_217"}
+    assert env.task_label(task) == "GeF4_217"
+    for reply, answer in (("GeF4", "GeF4_217"), ("Os", "Os_194"), ("C", "Os_194"), ("no idea", "(unparsed)")):
+        episode = await run_episode(make("xrd/phase-id-v0", **options), task, scripted_policy([reply]))
+        assert episode_labels(env, episode) == {"task_label": "GeF4_217", "answer_label": answer}, reply
+
+    mixtures = make("xrd/phase-id-v0", tier=3, offload=False)
+    task = mixtures.make_task("test", 0)
+    assert [p["id"] for p in task.answer["phases"]] == ["ZrNi_11", "MgNi2_194"]
+    assert mixtures.task_label(task) == "MgNi2_194+ZrNi_11"
+    gold = await run_episode(mixtures, task, scripted_policy(mixtures.gold_actions(task)))
+    assert episode_labels(mixtures, gold) == {
+        "task_label": "MgNi2_194+ZrNi_11",
+        "answer_label": "MgNi2_194+ZrNi_11",
+    }
