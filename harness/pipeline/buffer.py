@@ -63,6 +63,18 @@ def started_first(group: Group) -> tuple[int, float, int]:
     return (group.start_version, group.started_at, group.index)
 
 
+ConstantKind = Literal["all_correct", "all_wrong", "constant"]
+
+
+def constant_kind(rewards: list[float]) -> ConstantKind:
+    """What an all-equal group says: solved every time (reward 1), failed every time (0), or another reward."""
+    if min(rewards) >= 1.0 - 1e-9:
+        return "all_correct"
+    if max(rewards) <= 1e-9:
+        return "all_wrong"
+    return "constant"
+
+
 def reward_spread(rewards: list[float]) -> float:
     return max(rewards) - min(rewards) if rewards else 0.0
 
@@ -103,6 +115,9 @@ class GroupBuffer:
             self.counters[f"episodes_masked_{t.outcome}"] += 1
         verdict = self.classify(group)
         self.counters[f"groups_{verdict}"] += 1
+        if verdict == "zero_variance":  # the kind tells converged tasks from collapsed ones
+            rewards = [float(t.reward) for t in group.trainable]  # type: ignore[arg-type]
+            self.counters[f"groups_zero_variance_{constant_kind(rewards)}"] += 1
         self.recent_kept.append(verdict == "kept")
         if verdict == "kept":
             self._groups.append(dataclasses.replace(group, trajectories=group.trainable))

@@ -26,7 +26,7 @@ from collections import Counter
 from typing import Any
 
 from labrl.harness.metrics import percentile
-from labrl.harness.pipeline.buffer import Group, GroupBuffer
+from labrl.harness.pipeline.buffer import Group, GroupBuffer, constant_kind
 from labrl.harness.pipeline.config import PipelineSection
 from labrl.harness.pipeline.errors_log import FAILED_OUTCOMES, normalise_message
 from labrl.harness.types import NO_VERSION, ReportsSamplerStats, Sampler, Trajectory
@@ -65,14 +65,9 @@ class DropStreak:
         if not rewards:
             self.untrainable += 1
             return
-        mean = sum(rewards) / len(rewards)
-        self.reward_sum += mean
-        if min(rewards) >= 1.0 - 1e-9:
-            self.all_correct += 1
-        elif max(rewards) <= 1e-9:
-            self.all_wrong += 1
-        else:
-            self.constant += 1
+        self.reward_sum += sum(rewards) / len(rewards)
+        kind = constant_kind(rewards)
+        setattr(self, kind, getattr(self, kind) + 1)
 
     def most_frequent_failure(self) -> str:
         """``in K of M failed episodes: <outcome>: <message>`` for the commonest failure (ties: the first seen)."""
@@ -264,6 +259,8 @@ class StepStats:
             "episodes/masked_total": counters["episodes_masked"],
             "episodes/masked_frac": counters["episodes_masked"] / max(1, counters["episodes"]),
             "groups/zero_variance_total": counters["groups_zero_variance"],
+            "groups/all_correct_total": counters["groups_zero_variance_all_correct"],
+            "groups/all_wrong_total": counters["groups_zero_variance_all_wrong"],
             "groups/untrainable_total": counters["groups_untrainable"],
             "groups/kept_total": counters["groups_kept"],
             "groups/inflight": inflight_groups,
