@@ -114,14 +114,6 @@ def test_buffer_drops_zero_variance_masks_untrainable_and_counts():
     assert [t.reward for t in batch[0].trajectories] == [1.0, 0.0]  # the timed-out member is gone
 
 
-def test_buffer_can_keep_the_groups_that_failed_every_time():
-    buf = GroupBuffer(batch_groups=1, keep_all_wrong=True)
-    assert buf.add(Group(0, 0, [traj(0.0), traj(0.0)], 0)) == "kept"
-    assert buf.add(Group(1, 1, [traj(1.0), traj(1.0)], 0)) == "zero_variance"
-    assert buf.add(Group(2, 2, [traj(0.0), traj(None, outcome="timeout")], 0)) == "zero_variance"  # one member
-    assert buf.add(Group(3, 3, [traj(0.5), traj(0.5)], 0)) == "zero_variance"
-
-
 def test_buffer_without_dynamic_sampling_keeps_zero_variance_groups():
     buf = GroupBuffer(batch_groups=1, dynamic_sampling=False)
     assert buf.add(Group(0, 0, [traj(1.0), traj(1.0)], 0)) == "kept"
