@@ -13,14 +13,7 @@ standard deviation (Bessel-corrected, as torch.std; 0 for groups of one), and
 A group whose rewards are all equal (including a group of one) carries no
 learning signal under any group baseline: its advantages are exactly 0 and it is
 counted in the ``adv/zero_variance_*`` diagnostics so the buffer's dynamic
-sampling can be judged. With ``zero_variance="batch"`` such a group is scored
-against the batch instead, as ``whiten`` would score it:
-
-    A_i = (R_i - mean_B) / (std_B + eps)        for i in a zero-variance group
-
-so a group that failed every time (kept by ``pipeline.keep_all_wrong``) pushes
-its answers down by as much as the batch's successes exceed its failures; the
-other groups keep their group-relative advantages.
+sampling can be judged.
 """
 
 from __future__ import annotations
@@ -104,25 +97,10 @@ def whiten_advantages(rewards_B: torch.Tensor, eps: float = 1e-6) -> torch.Tenso
     return adv.to(rewards_B.dtype)
 
 
-def batch_fallback(
-    adv_B: torch.Tensor, rewards_B: torch.Tensor, group_ids_B: torch.Tensor, eps: float
-) -> torch.Tensor:
-    """``adv_B`` with every zero-variance group's members replaced by their batch-whitened reward."""
-    s = group_stats(rewards_B, group_ids_B)
-    return torch.where(s.zero_variance_B, whiten_advantages(rewards_B, eps), adv_B)
-
-
 def compute_advantages(
-    kind: str,
-    rewards_B: torch.Tensor,
-    group_ids_B: torch.Tensor,
-    eps: float = 1e-6,
-    zero_variance: str = "zero",
+    kind: str, rewards_B: torch.Tensor, group_ids_B: torch.Tensor, eps: float = 1e-6
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Advantages of the configured kind plus ``adv/*`` diagnostics (zero-variance groups).
-
-    ``zero_variance``: ``"zero"`` (no signal) or ``"batch"`` (``batch_fallback``; group kinds only).
-    """
+    """Advantages of the configured kind plus ``adv/*`` diagnostics (zero-variance groups)."""
     if kind == "grpo":
         adv_B = grpo_advantages(rewards_B, group_ids_B, eps)
     elif kind == "dr_grpo":
@@ -133,10 +111,6 @@ def compute_advantages(
         adv_B = whiten_advantages(rewards_B, eps)
     else:
         raise ConfigError(f"advantages must be one of grpo, dr_grpo, rloo, whiten (got {kind!r})")
-    if zero_variance == "batch" and kind != "whiten":
-        adv_B = batch_fallback(adv_B, rewards_B, group_ids_B, eps)
-    elif zero_variance not in ("zero", "batch"):
-        raise ConfigError(f"zero_variance must be 'zero' or 'batch' (got {zero_variance!r})")
     metrics: dict[str, float] = {}
     if rewards_B.numel():
         s = group_stats(rewards_B, group_ids_B)

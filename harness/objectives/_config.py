@@ -178,11 +178,6 @@ class ObjectiveConfig(BaseModel):
     )
     advantages: AdvantageKind = "grpo"
     advantage_eps: float = Field(default=1e-6, gt=0.0, description="added to the std in grpo / whiten")
-    zero_variance_advantages: Literal["zero", "batch"] = Field(
-        default="zero",
-        description="a group whose rewards are all equal: no signal (zero), or scored against the batch's mean "
-        "and std (batch; with pipeline.keep_all_wrong, failed answers are pushed down)",
-    )
     corrections: list[Correction] = Field(default_factory=lambda: [TIS()])
     aggregation: AggregationKind = "token_mean"
     aggregation_constant: float | None = Field(

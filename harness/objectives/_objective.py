@@ -250,7 +250,7 @@ def prepare(cfg: ObjectiveConfig, inputs: ObjectiveInputs) -> PreparedBatch:
         "seqs/valid": float(n_seqs),
     }
     adv_B, adv_metrics = compute_advantages(
-        cfg.advantages, inputs.rewards_B, inputs.group_ids_B, cfg.advantage_eps, cfg.zero_variance_advantages
+        cfg.advantages, inputs.rewards_B, inputs.group_ids_B, cfg.advantage_eps
     )
     metrics |= adv_metrics
     adv_B_T = adv_B[:, None].expand_as(log_w)

@@ -8,9 +8,7 @@ A *group* is the G rollouts of one task. When a group arrives:
 - with dynamic sampling on, a group whose trainable rewards all agree (or
   that has fewer than 2 trainable members) carries no learning signal under a
   group-relative advantage: it is dropped and counted, and the producer
-  starts another task in its place (oversampling), so every batch is full.
-  With ``keep_all_wrong`` a group that failed every time is kept instead: it
-  is the signal a collapsed answer needs (``objective.zero_variance_advantages``);
+  starts another task in its place (oversampling), so every batch is full;
 - otherwise the group is kept, in arrival order.
 
 ``pop_batch`` hands the learner the ``batch_groups`` kept groups that
@@ -83,16 +81,10 @@ def reward_spread(rewards: list[float]) -> float:
 
 class GroupBuffer:
     def __init__(
-        self,
-        batch_groups: int,
-        *,
-        dynamic_sampling: bool = True,
-        keep_all_wrong: bool = False,
-        variance_eps: float = 1e-9,
+        self, batch_groups: int, *, dynamic_sampling: bool = True, variance_eps: float = 1e-9
     ) -> None:
         self.batch_groups = batch_groups
         self.dynamic_sampling = dynamic_sampling
-        self.keep_all_wrong = keep_all_wrong
         self.variance_eps = variance_eps
         self._groups: deque[Group] = deque()
         self.counters: Counter[str] = Counter()
@@ -110,8 +102,6 @@ class GroupBuffer:
         if not rewards:
             return "untrainable"
         if self.dynamic_sampling and (len(rewards) < 2 or reward_spread(rewards) <= self.variance_eps):
-            if self.keep_all_wrong and len(rewards) >= 2 and constant_kind(rewards) == "all_wrong":
-                return "kept"
             return "zero_variance"
         return "kept"
 

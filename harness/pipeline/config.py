@@ -36,11 +36,6 @@ class PipelineSection(BaseModel):
     )
     total_steps: int = Field(default=100, ge=1, le=10**8)
     dynamic_sampling: bool = Field(default=True, description="drop zero-variance groups and oversample")
-    keep_all_wrong: bool = Field(
-        default=False,
-        description="dynamic sampling keeps groups that failed every episode (their signal comes from "
-        "objective.zero_variance_advantages: batch); all-correct groups are still dropped",
-    )
     max_oversample_factor: float = Field(
         default=8.0, ge=1.0, description="stop if more than this many groups per needed group were dropped"
     )

@@ -151,9 +151,7 @@ class Orchestrator:
         # their transcripts and releases the rest)
         self.on_checkpoint = on_checkpoint
         self.max_staleness = cfg.effective_max_staleness
-        self.buffer = GroupBuffer(
-            cfg.batch_groups, dynamic_sampling=cfg.dynamic_sampling, keep_all_wrong=cfg.keep_all_wrong
-        )
+        self.buffer = GroupBuffer(cfg.batch_groups, dynamic_sampling=cfg.dynamic_sampling)
         self._task_env = make_env()  # only for make_task (pure); never reset
         # run state (checkpointed)
         self.step = 0
