@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -32,6 +33,21 @@ def check_reference(reference: str, kl_coef: float, *, prefix: str) -> None:
         )
 
 
+def lr_factor(
+    step: int, *, schedule: str, warmup_steps: int, total_steps: int | None, min_lr_ratio: float
+) -> float:
+    """The multiplier of the base lr at optimizer step ``step`` (0-based); see ``OptimizerConfig``."""
+    if step < warmup_steps:
+        return (step + 1) / (warmup_steps + 1)
+    if schedule == "constant":
+        return 1.0
+    if total_steps is None:
+        raise ValueError("the cosine schedule needs total_steps")
+    span = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / span)
+    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
 class OptimizerConfig(BaseModel):
     """AdamW with linear warmup then a constant or cosine learning rate.
 
@@ -58,6 +74,15 @@ class OptimizerConfig(BaseModel):
         if self.schedule == "cosine" and self.total_steps is None:
             raise ValueError("schedule='cosine' needs total_steps: set optimizer.total_steps")
         return self
+
+    def lr_factor(self, step: int) -> float:
+        return lr_factor(
+            step,
+            schedule=self.schedule,
+            warmup_steps=self.warmup_steps,
+            total_steps=self.total_steps,
+            min_lr_ratio=self.min_lr_ratio,
+        )
 
 
 class LearnerConfig(BaseModel):

@@ -542,16 +542,7 @@ class MegatronLearner:
     # -- optimisation ----------------------------------------------------------
 
     def _lr_factor(self, step: int) -> float:
-        opt = self.config.optimizer
-        if step < opt.warmup_steps:
-            return (step + 1) / (opt.warmup_steps + 1)
-        if opt.schedule == "constant":
-            return 1.0
-        assert opt.total_steps is not None  # validated
-        span = max(1, opt.total_steps - opt.warmup_steps)
-        progress = min(1.0, (step - opt.warmup_steps) / span)
-        r = opt.min_lr_ratio
-        return r + (1 - r) * 0.5 * (1 + math.cos(math.pi * progress))
+        return self.config.optimizer.lr_factor(step)
 
     def _clip_gradients(self) -> float:
         """Global L2 grad norm over the model-parallel ranks; scale grads to ``grad_clip``.

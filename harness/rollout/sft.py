@@ -21,12 +21,13 @@ import asyncio
 import random
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from labrl.envs.base import Env
+from labrl.harness.learners.config import lr_factor
 from labrl.harness.learners.precision import adamw_with_precision
 from labrl.harness.models.build import causal_attention_mask
 from labrl.harness.tokenizer import Tokenizer
@@ -43,6 +44,12 @@ class SFTSection(BaseModel):
     steps: int = Field(default=100, ge=1)
     batch_size: int = Field(default=16, ge=1)
     lr: float = Field(default=1e-3, gt=0)
+    schedule: Literal["constant", "cosine"] = Field(
+        default="constant",
+        description="cosine: the lr decays to lr * min_lr_ratio at the last step, so the format is learned "
+        "to a lower loss than the noise of a constant lr allows",
+    )
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
     num_prompts: int = Field(default=256, ge=1, description="distinct train prompts to cycle through")
 
 
@@ -103,6 +110,11 @@ async def run_sft(
         await asyncio.sleep(0)  # let the loop run signal handlers: a step blocks it
         if should_stop is not None and should_stop():
             break
+        factor = lr_factor(
+            step, schedule=cfg.schedule, warmup_steps=0, total_steps=cfg.steps, min_lr_ratio=cfg.min_lr_ratio
+        )
+        for group in opt.param_groups:
+            group["lr"] = cfg.lr * factor
         rows = []
         for _ in range(cfg.batch_size):
             task, prompt = prompts[rng.randrange(len(prompts))]
@@ -132,7 +144,12 @@ async def run_sft(
         opt.step()
         if master is not None:
             master.copy_to_model()
-        record = {"sft_step": step + 1, "loss": float(loss.detach()), "time_s": time.perf_counter() - started}
+        record = {
+            "sft_step": step + 1,
+            "loss": float(loss.detach()),
+            "lr": cfg.lr * factor,
+            "time_s": time.perf_counter() - started,
+        }
         history.append(record)
         if on_step is not None:
             on_step(record)
