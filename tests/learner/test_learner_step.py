@@ -66,7 +66,7 @@ def test_checkpoint_resume_gives_the_identical_next_step(learner, h, tmp_path):
 
 def test_lr_schedule_warmup_then_cosine():
     opt = OptimizerConfig(lr=1.0, warmup_steps=2, schedule="cosine", total_steps=10, min_lr_ratio=0.1)
-    factor = MegatronLearner._lr_factor.__get__(type("S", (), {"config": LearnerConfig(optimizer=opt)})())
+    factor = opt.lr_factor
     assert [factor(0), factor(1)] == [1 / 3, 2 / 3]
     assert factor(2) == pytest.approx(1.0)
     assert factor(6) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 import torch
@@ -81,3 +82,25 @@ def test_sft_under_bf16_uses_fp32_master_weights(monkeypatch):
         assert torch.equal(p.detach(), m.detach().to(torch.bfloat16))  # the model holds bf16(master)
     after = learner.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.timeout(300)
+def test_sft_cosine_schedule_decays_the_lr_to_its_floor():
+    model = MegatronLearner(LearnerConfig(model=SMALL, precision="fp32")).model
+    cfg = SFTSection(
+        enabled=True, steps=5, batch_size=2, lr=1e-3, num_prompts=4, schedule="cosine", min_lr_ratio=0.1
+    )
+    history = asyncio.run(run_sft(model, lambda: make("xrd/phase-id-v0"), ByteTokenizer(), cfg, seed=0))
+    # lr * (0.1 + 0.9 * (1 + cos(pi * step / 5)) / 2) at steps 0..4
+    expected = [1e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / 5))) for s in range(5)]
+    assert [h["lr"] for h in history] == pytest.approx(expected)
+    constant = asyncio.run(
+        run_sft(
+            model,
+            lambda: make("xrd/phase-id-v0"),
+            ByteTokenizer(),
+            cfg.model_copy(update={"schedule": "constant"}),
+            seed=0,
+        )
+    )
+    assert [h["lr"] for h in constant] == [1e-3] * 5
