@@ -49,7 +49,9 @@ class SFTSection(BaseModel):
         description="cosine: the lr decays to lr * min_lr_ratio at the last step, so the format is learned "
         "to a lower loss than the noise of a constant lr allows",
     )
-    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+    min_lr_ratio: float = Field(
+        default=0.1, ge=0, le=1, description="the cosine schedule's floor, as a fraction of lr"
+    )
     num_prompts: int = Field(default=256, ge=1, description="distinct train prompts to cycle through")
 
 

@@ -37,6 +37,7 @@ from labrl.harness.learners.config import LearnerConfig
 from labrl.harness.models.config import ParallelConfig, check_parallel, get_preset
 from labrl.harness.models.device import param_dtype, precision_name
 from labrl.harness.pipeline.config import PipelineSection
+from labrl.harness.rollout.sft import SFTSection
 from labrl.harness.samplers.local import LocalSamplerConfig
 from labrl.harness.samplers.sglang.sampler import SGLangSamplerConfig
 from labrl.harness.tokenizer import ByteTokenizer
@@ -325,7 +326,12 @@ def test_quickstart_resolves_to_the_captured_component_configs(name):
     assert {k: v for k, v in pipeline.items() if k not in want["pipeline"]} == {
         k: defaults[k] for k in pipeline if k not in want["pipeline"]
     }
-    assert cfg.sft.model_dump(mode="json") == want["sft"]
+    sft = cfg.sft.model_dump(mode="json")
+    assert {k: sft[k] for k in want["sft"]} == want["sft"]
+    sft_defaults = SFTSection().model_dump(mode="json")
+    assert {k: v for k, v in sft.items() if k not in want["sft"]} == {
+        k: sft_defaults[k] for k in sft if k not in want["sft"]
+    }
     assert cfg.env.model_dump(mode="json") == want["env"]
     assert (cfg.seed, cfg.run_dir, cfg.learner.router_replay) == (
         want["seed"],
