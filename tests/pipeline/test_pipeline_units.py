@@ -108,7 +108,11 @@ def test_buffer_drops_zero_variance_masks_untrainable_and_counts():
     assert buf.counters["episodes_masked_timeout"] == 2
     assert buf.keep_rate == pytest.approx(2 / 5)
     # of the two zero-variance groups one was solved every time, one failed (its other member masked)
-    assert buf.counters["groups_zero_variance_all_correct"] == buf.counters["groups_zero_variance_all_wrong"] == 1
+    assert (
+        buf.counters["groups_zero_variance_all_correct"]
+        == buf.counters["groups_zero_variance_all_wrong"]
+        == 1
+    )
     batch = buf.pop_batch()
     assert [g.index for g in batch] == [0, 4]
     assert [t.reward for t in batch[0].trajectories] == [1.0, 0.0]  # the timed-out member is gone
