@@ -15,6 +15,9 @@ with both axes labelled:
 - ``env_latency.png``: env latency p50 / p90 / p99 per step;
 - ``throughput.png``: generated tokens/s and trained samples/s, with the
   learner's and the sampler's busy fractions;
+- ``groups.png``: groups kept and groups dropped as all-correct (the policy
+  solves the task) or all-wrong (it fails it every time: a class it has
+  collapsed, or a task out of reach), cumulative per step;
 - ``by_label.png`` (only when the evaluations carry ``by_label``: an env that
   labels its tasks): held-out accuracy per task label, one line per label (the
   ``MAX_LABEL_LINES`` lowest at the last evaluation when there are more).
@@ -47,6 +50,14 @@ class Report:
     summary: str
     plots: list[Path] = field(default_factory=list)
     axes: dict[str, tuple[str, str]] = field(default_factory=dict)  # plot name -> (x label, y label)
+
+
+#: metrics of ``groups.png``: kept, and the two kinds of zero-variance drop (``buffer.constant_kind``)
+GROUP_SERIES = {
+    "groups/kept_total": "kept",
+    "groups/all_correct_total": "dropped all-correct",
+    "groups/all_wrong_total": "dropped all-wrong",
+}
 
 
 def monotone_time(times: list[float]) -> list[float]:
@@ -158,7 +169,12 @@ def summarise(rows: list[dict], evals: list[dict]) -> str:
         f"episodes over the limit {sum(r.get('staleness/over_max_episodes', 0) for r in rows)} "
         f"(+{sum(r.get('staleness/over_max_replayed_episodes', 0) for r in rows)} replayed after a fault)",
         f"episodes: {last.get('episodes/total')} finished, {last.get('episodes/masked_total')} masked (untrainable); "
-        f"groups: {last.get('groups/kept_total')} kept, {last.get('groups/zero_variance_total')} zero-variance dropped",
+        f"groups: {last.get('groups/kept_total')} kept, {last.get('groups/zero_variance_total')} zero-variance dropped"
+        + (
+            f" ({last['groups/all_correct_total']} all-correct, {last['groups/all_wrong_total']} all-wrong)"
+            if "groups/all_wrong_total" in last
+            else ""
+        ),
         f"throughput: {sum(r.get('throughput/tokens_per_s', 0) for r in rows) / len(rows):.0f} tokens/s mean; "
         f"busy learner {last.get('busy/learner', 0):.2f}, sampler {last.get('busy/sampler', 0):.2f}",
         "failed episodes: " + ", ".join(f"{k} {v:.3f}" for k, v in error_rates(rows).items()),
@@ -306,6 +322,13 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, x: XAxis
     ax.legend(loc="upper left", fontsize=8)
     ax2.legend(loc="upper right", fontsize=8)
     save(fig, ax, "throughput.png", title="throughput", ylabel="generated tokens / s")
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key, label in GROUP_SERIES.items():
+        if any(key in r for r in rows):  # runs from before the split have no all-correct / all-wrong
+            ax.plot(*_series(rows, key, x), label=label)
+    ax.legend(fontsize=8)
+    save(fig, ax, "groups.png", title="groups kept and dropped (cumulative)", ylabel="groups")
 
     per_label = label_accuracy(evals, x)
     if per_label:

@@ -41,6 +41,7 @@ def test_plots_are_against_the_step_with_both_axes_labelled_and_show_error_rates
         "masked",
         "env_latency",
         "throughput",
+        "groups",
     }
     for name, (xlabel, ylabel) in report.axes.items():
         assert xlabel and ylabel, name
@@ -53,6 +54,18 @@ def test_plots_are_against_the_step_with_both_axes_labelled_and_show_error_rates
     assert "failed episodes: env_error 0.200" in capsys.readouterr().out
     timed = write_report(tmp_path, tmp_path / "t", x="time")
     assert timed.axes["reward"][0] == "wall-clock of training (min)"
+
+
+def test_groups_dropped_are_told_apart_as_all_correct_and_all_wrong(tmp_path):
+    write_run(tmp_path, [1.0, 2.0])
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    for r, (kept, correct, wrong) in zip(rows, [(8, 1, 5), (16, 3, 11)], strict=True):
+        r.update({"groups/kept_total": kept, "groups/zero_variance_total": correct + wrong,
+                  "groups/all_correct_total": correct, "groups/all_wrong_total": wrong})  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = write_report(tmp_path)
+    assert "groups: 16 kept, 14 zero-variance dropped (3 all-correct, 11 all-wrong)" in report.summary
+    assert report.axes["groups"] == ("learner step", "groups")
 
 
 def test_per_label_accuracy_is_plotted_and_labels_never_answered_are_named(tmp_path, capsys):
