@@ -12,6 +12,7 @@ the speed-up sync / pipeline.
 
     .venv/bin/python benchmarks/pipeline.py                 # 60 steps: ~25 min on 2 cores
     .venv/bin/python benchmarks/pipeline.py --steps 2 --latency-p50 0.05 --out /tmp/p.json  # smoke
+    .venv/bin/python benchmarks/pipeline.py --steps 30 --modes pipeline --out /tmp/tail.json  # the staleness tail only
 
 Writes benchmarks/results/pipeline.json and pipeline.png. CPU is shared:
 compare the two modes of one run (a ratio), not absolute seconds across runs.
@@ -149,11 +150,20 @@ async def main() -> None:
     ap.add_argument("--latency-p50", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(RESULTS / "pipeline.json"))
+    ap.add_argument(
+        "--modes",
+        default="sync,pipeline",
+        help="comma-separated, of sync and pipeline; the speed-up needs both",
+    )
     args = parse_with_threads(ap, default=1)
     RESULTS.mkdir(parents=True, exist_ok=True)
     init_state = await warm_start(args)
-    rows = [await run_mode("sync", args, init_state), await run_mode("pipeline", args, init_state)]
-    speedup = rows[0]["wall_s"] / rows[1]["wall_s"]
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or set(modes) - {"sync", "pipeline"}:
+        ap.error(f"--modes takes sync and/or pipeline (got {args.modes!r})")
+    rows = [await run_mode(mode, args, init_state) for mode in modes]
+    by_mode = {r["mode"]: r for r in rows}
+    speedup = by_mode["sync"]["wall_s"] / by_mode["pipeline"]["wall_s"] if len(by_mode) == 2 else None
     print(
         "\n| mode | wall (s) | samples | learner busy | sampler busy | reward (last 3 steps) | held-out start -> end "
         "| staleness mean / max | over the bound |"
@@ -163,9 +173,10 @@ async def main() -> None:
         print(f"| {r['mode']} | {r['wall_s']:.1f} | {r['trained_samples']} | {r['busy_learner']:.2f} | "
               f"{r['busy_sampler']:.2f} | {r['final_reward']:.3f} | {r['eval_start']:.3f} -> {r['eval_final']:.3f} | "
               f"{r['staleness_mean']:.2f} / {r['staleness_max']} | {r['over_bound_episodes']} ({r['over_bound_frac']:.1%}) |")  # fmt: skip
-    print(
-        f"\npipeline speed-up over sync: {speedup:.2f}x (env latency p50 {args.latency_p50} s, p99/p50 = 20)"
-    )
+    if speedup is not None:
+        print(
+            f"\npipeline speed-up over sync: {speedup:.2f}x (env latency p50 {args.latency_p50} s, p99/p50 = 20)"
+        )
     Path(args.out).write_text(json.dumps({"args": vars(args), "speedup": speedup, "modes": rows}, indent=2))
     import matplotlib
 
@@ -178,7 +189,10 @@ async def main() -> None:
         ax.plot(xs, ys, "o-", label=f"{r['mode']} ({r['wall_s']:.0f} s)")
     ax.set_xlabel("wall-clock (s)")
     ax.set_ylabel("batch reward")
-    ax.set_title(f"same {rows[0]['trained_samples']} samples: pipeline {speedup:.1f}x faster")
+    ax.set_title(
+        f"same {rows[0]['trained_samples']} samples"
+        + (f": pipeline {speedup:.1f}x faster" if speedup is not None else "")
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(Path(args.out).with_suffix(".png"), dpi=100)
