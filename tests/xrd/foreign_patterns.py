@@ -57,6 +57,24 @@ STRUCTURES: dict[str, tuple[str, str, float, float, list[tuple[str, tuple[float,
         12.9933,
         [("Al", (0.0, 0.0, 0.35216)), ("O", (0.30624, 0.0, 0.25))],
     ),
+    "Fe2O3": (
+        "R-3c",
+        "hexagonal",
+        5.0356,
+        13.7489,
+        [("Fe", (0.0, 0.0, 0.35530)), ("O", (0.3059, 0.0, 0.25))],
+    ),
+    "CaCO3": (
+        "R-3c",
+        "hexagonal",
+        4.9896,
+        17.0610,
+        [("Ca", (0.0, 0.0, 0.0)), ("C", (0.0, 0.0, 0.25)), ("O", (0.2578, 0.0, 0.25))],
+    ),
+    "ZnS": ("F-43m", "cubic", 5.4093, 5.4093, [("Zn", (0.0, 0.0, 0.0)), ("S", (0.25, 0.25, 0.25))]),
+    "Fe": ("Im-3m", "cubic", 2.8665, 2.8665, [("Fe", (0.0, 0.0, 0.0))]),
+    "Cu": ("Fm-3m", "cubic", 3.6149, 3.6149, [("Cu", (0.0, 0.0, 0.0))]),
+    "Al": ("Fm-3m", "cubic", 4.0495, 4.0495, [("Al", (0.0, 0.0, 0.0))]),
 }
 
 # wavelengths (Å) as pymatgen tabulates them (``pymatgen.analysis.diffraction.xrd.WAVELENGTHS``)
