@@ -175,7 +175,7 @@ def run_one(seed: int, full_library: bool, version: str = "v1") -> dict:
     from labrl.envs.xrd.ranking import ranking_case
     from labrl.verifiers.xrd.fit import fit_phases
     from labrl.verifiers.xrd.fit_config import FitConfig
-    from labrl.verifiers.xrd.identify import IdentifyOptions, candidate_phases, identify, instrument_for
+    from labrl.verifiers.xrd.identify import IdentifyOptions, candidate_phases, identify
     from labrl.verifiers.xrd.library import load_library
 
     lib = load_library(version)
@@ -202,7 +202,7 @@ def run_one(seed: int, full_library: bool, version: str = "v1") -> dict:
     if pairs is not None:
         out["identify_wf_errors"] = [abs(p.weight_fraction - truth[pairs[p.id]]) for p in best.phases]
 
-    instrument = instrument_for(pattern, monochromator_two_theta=mono)
+    instrument = result.instrument  # the beam and scan identify fitted with
     candidates, _ = candidate_phases((), library, None if full_library else elements)
     t0 = time.perf_counter()
     ids, fractions = peak_match(pattern, candidates, instrument)

@@ -20,10 +20,19 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("pattern", help="pattern file: .xy, .xye, .csv, .dat, .txt or .xrdml")
     p.add_argument(
+        "--radiation",
+        default=None,
+        metavar="NAME",
+        help="the tube's lines: CuKa (Kα1+Kα2, ratio 0.5), CuKa1 (Kα1 monochromator); likewise "
+        "Cr, Fe, Co, Mo, Ag. A file's own usedWavelength keeps priority",
+    )
+    p.add_argument(
         "--wavelength",
         type=float,
         default=None,
-        help="Å, used when the file states none (e.g. 1.5406 for Cu)",
+        help="Å, used when the file states none: one monochromatic line (synchrotron); an anode's Kα1 "
+        "(e.g. 1.5406) without --radiation is fitted as the Kα1/Kα2 doublet and as Kα1 alone, and the "
+        "lower Rwp is kept",
     )
     p.add_argument(
         "--cif", action="append", default=[], metavar="FILE", help="candidate structure (repeatable)"
@@ -60,6 +69,7 @@ def cmd_identify(args: argparse.Namespace) -> int:
     result = identify(
         args.pattern,
         wavelength=args.wavelength,
+        radiation=args.radiation,
         cifs=args.cif,
         library=args.library,
         elements=elements,
@@ -75,6 +85,9 @@ def cmd_identify(args: argparse.Namespace) -> int:
         f"{args.pattern}: {len(result.pattern.two_theta)} points, 2θ {inst.two_theta_min:g}-{inst.two_theta_max:g}°, "
         f"λ Kα1 {inst.wavelength_ka1:.5f} Å" + (f", Kα2/Kα1 {inst.ka2_ratio:g}" if inst.ka2_ratio else "")
     )
+    if result.beam is not None:
+        tried = "; ".join(f"{label}: Rwp {rwp:.4f}" for label, rwp in result.beam_rwp.items())
+        print(f"beam: {result.beam.label} (from the {result.beam_source}" + (f"; {tried})" if tried else ")"))
     for rank, found in enumerate(result.ranked, start=1):
         print(f"#{rank}  reward {found.reward:.3f}  Rwp {found.rwp:.4f}  Rexp {found.rexp:.4f}")
         for p in found.phases:

@@ -10,7 +10,7 @@ from pattern_files import SAMPLE, simulated, write_csv, write_xrdml, write_xy
 
 from labrl.cli import main
 from labrl.errors import ConfigError, StructureFileError
-from labrl.verifiers.xrd.identify import candidate_phases, identify, instrument_for
+from labrl.verifiers.xrd.identify import candidate_phases, identify, instrument_for, pattern_beams
 from labrl.verifiers.xrd.library import load_library
 from labrl.verifiers.xrd.readers import read_pattern
 from labrl.verifiers.xrd.scattering import CU_KA1, CU_KA2
@@ -87,11 +87,13 @@ def test_anode_wavelength_sets_the_doublet_and_unknown_is_monochromatic(tmp_path
     x, y = simulated(seed=1)
     p = read_pattern(write_csv(tmp_path / "a.csv", x, y))
     cu_mean = (2 * CU_KA1 + CU_KA2) / 3
-    inst = instrument_for(p, cu_mean)
+    (beam,) = pattern_beams(p, wavelength=cu_mean).beams
+    inst = instrument_for(p, beam)
     assert (inst.wavelength_ka1, inst.wavelength_ka2, inst.ka2_ratio) == (CU_KA1, CU_KA2, 0.5)
-    assert instrument_for(p, 0.8265).ka2_ratio == 0.0
+    (synchrotron,) = pattern_beams(p, wavelength=0.8265).beams
+    assert instrument_for(p, synchrotron).ka2_ratio == 0.0
     with pytest.raises(ConfigError, match="no wavelength"):
-        instrument_for(p, None)
+        pattern_beams(p)
 
 
 def test_cli_identify_end_to_end_writes_png_and_json(tmp_path, capsys, xrdml):

@@ -18,7 +18,8 @@ class FitV1Options(BaseModel):
     microstrain_grid: tuple[float, ...] = (0.0, 0.0005, 0.001, 0.002, 0.004)
     # zero shift and displacement (cos θ) are nearly collinear over a 10-80° scan: off by default
     max_displacement_mm: float = Field(default=0.0, ge=0.0, le=1.0)
-    min_significance: float = Field(default=150.0, ge=0.0)
+    # a phase is superfluous when its F-statistic is below the F distribution's 1 − level quantile
+    significance_level: float = Field(default=1e-3, gt=0.0, le=0.05)
     # count a phase's Δχ² only where its contribution exceeds the other phases' (its own lines)
     unique_lines: bool = True
     fraction_tolerance: float = Field(default=0.03, ge=0.0, le=1.0)
@@ -100,7 +101,7 @@ class FitResult:
             "crystallite_nm": {k: round(v, 1) for k, v in self.crystallite_nm_by_phase.items()},
             "microstrain": {k: round(v, 5) for k, v in self.microstrain.items()},
             "b_iso": {k: round(v, 3) for k, v in self.b_iso.items()},
-            "significance": {k: round(v, 1) for k, v in self.significance.items()},
+            "significance": {k: round(v, 2) for k, v in self.significance.items()},
             "superfluous": list(self.superfluous),
             "fraction_mae": None if self.fraction_mae is None else round(self.fraction_mae, 4),
             "quality": round(self.quality, 4),

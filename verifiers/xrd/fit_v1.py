@@ -40,23 +40,35 @@ Reward::
 
     χ² = Σ w (y − ŷ)² = Rwp² Σ w y²,      χ²_ν = χ² / (n − n_params)
     quality   = clip( 1 − (Rwp² − Rexp²) / (Rwp_bg² − Rexp²), 0, 1 )
-    χ²_ν(p)   = max( χ²_ν, (n/(n − n_params)) Σ_i P_p,i r_i² / Σ_i P_p,i )   (r: weighted residual)
+    χ²_ν(p)   = max( 1, χ²_ν, (n/(n − n_params)) Σ_i P_p,i r_i² / Σ_i P_p,i )   (r: weighted residual)
     U_p       = { i : S_p P_p,i > Σ_{q≠p} S_q P_q,i }       (where p's own lines dominate)
-    Δ_p       = Σ_{i∈U_p} ( r_i,without p² − r_i² ) / χ²_ν(p)   (significance of phase p)
-    superfluous: Δ_p < ``min_significance``
+    Δχ²_p     = min( Σ_{i∈U_p} ( r_i,without p² − r_i² ),  χ²_without p − χ² )
+    F_p       = ( Δχ²_p / k_p ) / χ²_ν(p)                   (significance of phase p)
+    superfluous: F_p ≤ F⁻¹_{k_p, n − n_params}( 1 − ``significance_level`` )
     MAE       = mean_p | w_claimed(p) − w_fit(p) |      (claimed fractions normalised to sum 1)
     f         = 1 − fraction_weight · clip( (MAE − fraction_tolerance) / fraction_scale, 0, 1 )
     reward    = max(0, quality · f − penalty · n_superfluous)
 
 ``quality`` is the share of the pattern's χ² above counting noise (background-only
-χ² minus its expectation n − n_params) that the phases explain. The significance
-Δ_p is the rise of χ² when p is removed, counted only over the points where
-p's fitted contribution exceeds all other phases' together (its own lines), in
-units of the reduced χ² of the fit where p has intensity (the profile-weighted
-mean of r²). A weak but real phase with lines of its own is kept however small
-its share of Rwp; a phase whose peaks sit on another phase's peaks and only
+χ² minus its expectation n − n_params) that the phases explain. Δχ²_p is the rise of
+χ² when p is removed, counted only over the points where p's fitted contribution
+exceeds all other phases' together (its own lines) and never above the rise over the
+whole scan; χ²_ν(p) is the misfit scale where p has intensity (the profile-weighted
+mean of r², at least the global χ²_ν and at least 1, pure counting noise). F_p is an
+F-test (Hamilton's R-ratio test on Rwp) of the k_p parameters of phase p (scale,
+lattice, size, strain, and B when refined): if p were absent, its k_p parameters would
+lower χ² by counting noise alone, k_p F_p ~ χ²(k_p), i.e. F_p ~ F(k_p, n − n_params); a phase is kept
+when the rise of χ² without it is larger than counting noise explains at the level
+``significance_level``. A weak but real phase with lines of its own is kept however
+small its share of Rwp; a phase whose peaks sit on another phase's peaks and only
 soak up that phase's misfit (an isostructural decoy) has no points of its own
 and is flagged. ``unique_lines=False`` counts Δχ² over the whole scan. f = 1 when no fractions are claimed.
+
+Only a superfluous phase is penalised, so the reward never ranks a fit with a significant
+extra phase below the same fit without it: the extra phase lowers χ² by more than k_p F_crit χ²_ν(p),
+which is more than k_p (F_crit > 1 at ``significance_level`` ≤ 0.05, χ²_ν(p) ≥ 1); with
+u = χ² − ν and v = χ²_bg − ν, quality rises when Δχ² > k_p (1 − u/v), so it rises.
+"The same fit without it" is the linear solve without p at the same nonlinear parameters.
 """
 
 from __future__ import annotations
@@ -106,6 +118,13 @@ def fraction_mae(claimed: dict[str, float], fitted: dict[str, float]) -> float |
     if total <= 0:
         return None
     return float(np.mean([abs(claimed[pid] / total - w) for pid, w in fitted.items()]))
+
+
+def significance_threshold(params_per_phase: int, dof: int, level: float) -> float:
+    """F⁻¹_{k, ν}(1 − level): the F_p above which a phase's χ² rise is more than counting noise explains."""
+    from scipy.stats import f as f_distribution
+
+    return float(f_distribution.isf(level, params_per_phase, dof))
 
 
 class _State:
@@ -248,7 +267,8 @@ def fit_phases_v1(
         getattr(state, which)[:] = np.asarray(values)[current]
 
     rwp_bg = problem.rwp(problem.y_perp)
-    n_params = (5 if refine_b else 4) * n_phase + 2 + config.background_degree + 1
+    params_per_phase = 5 if refine_b else 4  # scale, lattice, size, strain (, B)
+    n_params = params_per_phase * n_phase + 2 + config.background_degree + 1
     dof = max(len(grid) - n_params, 1)
     rexp = float(np.sqrt(dof / problem.norm))
 
@@ -282,19 +302,21 @@ def fit_phases_v1(
         # phase's peaks sits where this is large
         profile = np.column_stack(cols)  # (n, P)
         local = (resid**2 @ profile) / np.maximum(profile.sum(axis=0), 1e-300)  # (P,)
-        local = np.maximum(local * len(grid) / dof, chi2_nu)
+        # never below counting noise (1): so a significant phase always lowers χ² by more than k_p
+        local = np.maximum(local * len(grid) / dof, max(chi2_nu, 1.0))
+        gain = [problem.norm * r**2 - chi2 for r in without]
         if opts.unique_lines:
             # Δχ² counted only where p's fitted contribution exceeds all the other phases' together
             contrib = profile * scale_arr  # (n, P)
             unique = contrib > (contrib.sum(axis=1, keepdims=True) - contrib)
-            gain = []
             for i in range(n_phase):
                 resid_without = problem.solve(np.delete(design, i, axis=1))[2]
-                gain.append(float((resid_without**2 - resid**2)[unique[:, i]].sum()))
-        else:
-            gain = [problem.norm * r**2 - chi2 for r in without]
-        significance = {pid: float(g / nu) for pid, g, nu in zip(ids, gain, local, strict=True)}
-    superfluous = tuple(pid for pid in ids if denom <= 0 or significance[pid] < opts.min_significance)
+                gain[i] = min(gain[i], float((resid_without**2 - resid**2)[unique[:, i]].sum()))
+        significance = {
+            pid: float(g / params_per_phase / nu) for pid, g, nu in zip(ids, gain, local, strict=True)
+        }
+    critical = significance_threshold(params_per_phase, dof, opts.significance_level)
+    superfluous = tuple(pid for pid in ids if denom <= 0 or significance[pid] <= critical)
     fractions = zmv_weight_fractions(phases, scale_arr, state.lattice)
     mae = fraction_mae(claimed_fractions, fractions) if claimed_fractions else None
     factor = 1.0

@@ -1,6 +1,6 @@
 """Phase identification of a measured pattern: which phases, how much, how good is the fit.
 
-``identify(pattern, wavelength=..., cifs=[...], library="default")`` runs three stages:
+``identify(pattern, wavelength=..., radiation=..., cifs=[...], library="default")`` runs three stages:
 
 1. **Screening.** Every candidate (the user's CIFs and the library's phases, optionally
    only those made of ``elements``) is rendered once with broadened peaks
@@ -20,10 +20,15 @@
    and everything is ranked again.
    The RL env's label-free verifier runs the same fit (``FitConfig(version="v1")``).
 
-Wavelength: the file's Kα1 (and Kα2, ratio) where it states them, else ``wavelength``;
-a wavelength equal (±0.002 Å) to a common anode's Kα1 or its weighted mean
-(2 Kα1 + Kα2)/3 takes that anode's Kα1/Kα2 doublet with ratio 0.5; any other is
-treated as monochromatic (synchrotron).
+One answer per phase set: a fitted set is reduced to its phases that are significant
+(``fit_v1``'s F-test) and above 0.0 % (``ZERO_FRACTION``), refitted until nothing more
+drops, and each reduced set is ranked once.
+
+The beam (``radiation.beam_hypotheses``): the file's Kα1, Kα2 and ratio where it states
+them, else ``radiation`` (``"CuKa"``, ``"CuKa1"``, ...) or ``wavelength``. A wavelength equal
+to an anode's Kα1 with nothing saying whether Kα2 is there gets both searches, with the
+doublet (ratio 0.5) and with Kα1 alone; the top sets of both are fitted under both beams
+and the beam with the lower Rwp is kept. Any other wavelength is one line (synchrotron).
 """
 
 from __future__ import annotations
@@ -36,57 +41,31 @@ from typing import Any
 import numpy as np
 
 from labrl.errors import ConfigError
-from labrl.verifiers.xrd.anomalous import line_for
+from labrl.verifiers.xrd.anomalous import ANODE_LINES, line_for
 from labrl.verifiers.xrd.fit import fit_phases
 from labrl.verifiers.xrd.fit_config import FitConfig, FitResult
 from labrl.verifiers.xrd.fit_linear import LinearProblem
 from labrl.verifiers.xrd.fit_v1 import sticks_of
 from labrl.verifiers.xrd.library import Phase
 from labrl.verifiers.xrd.profile import Instrument, chebyshev_basis, render_phases
+from labrl.verifiers.xrd.radiation import Beam, beam_hypotheses, check_wavelength, parse_radiation
 from labrl.verifiers.xrd.readers import MeasuredPattern, read_pattern
-from labrl.verifiers.xrd.scattering import CU_KA1, CU_KA2
 
-# Kα1, Kα2 in Å (Bearden 1967, as tabulated in International Tables for Crystallography Vol. C,
-# Table 4.2.2.1); Cu as used by the simulator
-ANODES: dict[str, tuple[float, float]] = {
-    "Cr": (2.28970, 2.29361),
-    "Fe": (1.93604, 1.93998),
-    "Co": (1.78897, 1.79285),
-    "Cu": (CU_KA1, CU_KA2),
-    "Mo": (0.709300, 0.713590),
-    "Ag": (0.559407, 0.563798),
-}
-_ANODE_TOL = 0.002  # Å
+#: a fitted weight fraction below this is shown as 0.0 % and dropped from the set
+ZERO_FRACTION = 5e-4
 
 
 def instrument_for(
-    pattern: MeasuredPattern,
-    wavelength: float | None = None,
-    *,
-    monochromator_two_theta: float | None = None,
+    pattern: MeasuredPattern, beam: Beam, *, monochromator_two_theta: float | None = None
 ) -> Instrument:
-    """The nominal instrument of ``pattern``: its scan range and step, its wavelengths (module docstring).
+    """The nominal instrument of ``pattern`` with ``beam``: its scan range and step, the beam's lines.
 
     Anomalous dispersion (f′, f″) is on wherever the Kα1 wavelength is a tabulated anode line
     (``anomalous.line_for``), off otherwise (synchrotron energies are not tabulated);
     ``monochromator_two_theta`` sets the monochromator polarisation (None: none).
     """
-    lam = pattern.wavelength if pattern.wavelength is not None else wavelength
-    if lam is None:
-        raise ConfigError(
-            f"{pattern.source.get('path', 'pattern')}: the file states no wavelength; give --wavelength (Å)"
-        )
-    ka2, ratio = pattern.wavelength_ka2, pattern.ka2_ratio
-    if ka2 is None:
-        for ka1_anode, ka2_anode in ANODES.values():
-            mean = (2 * ka1_anode + ka2_anode) / 3
-            if abs(lam - ka1_anode) < _ANODE_TOL or abs(lam - mean) < _ANODE_TOL:
-                lam, ka2, ratio = ka1_anode, ka2_anode, 0.5 if ratio is None else ratio
-                break
-    if ka2 is None:
-        ka2, ratio = lam, 0.0
     try:
-        line_for(float(lam))
+        line_for(beam.ka1)
         anomalous = True
     except ConfigError:
         anomalous = False
@@ -96,9 +75,22 @@ def instrument_for(
         two_theta_min=float(pattern.two_theta[0]),
         two_theta_max=float(pattern.two_theta[-1]),
         step=pattern.step,
-        wavelength_ka1=float(lam),
-        wavelength_ka2=float(ka2),
-        ka2_ratio=float(ratio or 0.0),
+        wavelength_ka1=beam.ka1,
+        wavelength_ka2=beam.ka2,
+        ka2_ratio=beam.ratio,
+    )
+
+
+def pattern_beams(pattern: MeasuredPattern, *, radiation: str | None = None, wavelength: float | None = None):
+    """``radiation.beam_hypotheses`` for ``pattern``: what its file states, and what the user says."""
+    stated = pattern.source.get("wavelength_from_file", True)
+    return beam_hypotheses(
+        pattern.wavelength if stated else None,
+        pattern.wavelength_ka2,
+        pattern.ka2_ratio,
+        radiation=radiation,
+        wavelength=wavelength,
+        path=str(pattern.source.get("path", "pattern")),
     )
 
 
@@ -163,6 +155,9 @@ class IdentifyResult:
     instrument: Instrument
     ranked: tuple[PhaseSetResult, ...]
     screened: tuple[tuple[str, float], ...]  # (phase id, screening score), best first
+    beam: Beam | None = None  # the beam of ``instrument`` (None: built without one)
+    beam_source: str = ""  # what decided it (``radiation.BeamHypotheses.source``)
+    beam_rwp: dict[str, float] = field(default_factory=dict)  # hypothesis label -> Rwp, when chosen by Rwp
 
     @property
     def best(self) -> PhaseSetResult:
@@ -179,6 +174,9 @@ class IdentifyResult:
                 "ka1": self.instrument.wavelength_ka1,
                 "ka2": self.instrument.wavelength_ka2,
                 "ka2_ratio": self.instrument.ka2_ratio,
+                "beam": self.beam.label if self.beam else None,
+                "source": self.beam_source,
+                "hypotheses_rwp": {k: round(v, 5) for k, v in self.beam_rwp.items()},
             },
             "ranked": [r.to_dict() for r in self.ranked],
             "screened": [[pid, round(s, 5)] for pid, s in self.screened],
@@ -289,50 +287,134 @@ def identify(
     pattern: MeasuredPattern | str | Path,
     *,
     wavelength: float | None = None,
+    radiation: str | None = None,
     cifs: Sequence[str | Path] = (),
     library: str | None = "v1",
     elements: Sequence[str] | None = None,
     top: int = 5,
     options: IdentifyOptions | None = None,
 ) -> IdentifyResult:
-    """Rank phase sets for ``pattern`` (a ``MeasuredPattern`` or a file path); see the module docstring."""
+    """Rank phase sets for ``pattern`` (a ``MeasuredPattern`` or a file path); see the module docstring.
+
+    ``radiation``: the tube's lines (``radiation.RADIATIONS``: ``"CuKa"`` the Kα1/Kα2 doublet,
+    ``"CuKa1"`` Kα1 alone, ...); ``wavelength`` (Å) without it: that line, or both hypotheses
+    when it is an anode's Kα1. A file's own wavelengths keep priority.
+    """
     options = options or IdentifyOptions()
+    if wavelength is not None:
+        check_wavelength(wavelength)
     if not isinstance(pattern, MeasuredPattern):
-        pattern = read_pattern(pattern, wavelength=wavelength)
+        # the radiation's Kα1 converts a Q or d column when no wavelength is given
+        named = ANODE_LINES[parse_radiation(radiation)[0]][0] if radiation is not None else None
+        pattern = read_pattern(pattern, wavelength=wavelength if wavelength is not None else named)
     pattern = pattern.uniform()
     if len(pattern.two_theta) < 20:
         raise ConfigError(
             f"{pattern.source.get('path', 'pattern')}: {len(pattern.two_theta)} points; need 20"
         )
-    instrument = instrument_for(pattern, wavelength, monochromator_two_theta=options.monochromator_two_theta)
+    hypotheses = pattern_beams(pattern, radiation=radiation, wavelength=wavelength)
     phases, n_cif = candidate_phases(cifs, library, elements)
-    grid = pattern.two_theta
-    counts = pattern.intensity
-    problem = LinearProblem(counts, chebyshev_basis(instrument, options.fit.background_degree, grid))
-    scores, design = _screen(problem, grid, instrument, phases, options.screen_crystallite_nm)
-    order = [int(i) for i in np.argsort(-scores, kind="stable")]
-    pool = [*range(n_cif), *(i for i in order[: options.n_screen] if i >= n_cif)]  # best first
-    sets = _beam_search(problem, design, pool, options.max_phases, options.beam)
-    # the best few sets of each size go to the full fit
-    per_size: dict[int, list[tuple[int, ...]]] = {}
-    for s in sets:
-        per_size.setdefault(len(s), []).append(s)
-    budget = max(1, options.n_fit // max(len(per_size), 1))
-    finalists = [s for size_sets in per_size.values() for s in size_sets[:budget]]
-    fitted = {s: _fit_set(grid, counts, [phases[i] for i in s], instrument, options.fit) for s in finalists}
-    # the broadened columns of the search can prefer a near-twin of the right phase, so the best
-    # fitted set is also tried with each screened phase added (fitted, not broadened)
-    best = min(fitted, key=lambda s: (-fitted[s].reward, fitted[s].rwp))
-    if len(best) < options.max_phases:
-        for j in pool[: options.n_extend]:
-            grown = tuple(sorted((*best, j)))
-            if j not in best and grown not in fitted:
-                fitted[grown] = _fit_set(grid, counts, [phases[i] for i in grown], instrument, options.fit)
-    results = sorted(fitted.values(), key=lambda r: (-r.reward, r.rwp))
-    screened = tuple((phases[i].id, float(scores[i])) for i in order[: max(options.n_screen, n_cif)])
+    searches = [
+        _Search(
+            pattern,
+            instrument_for(pattern, b, monochromator_two_theta=options.monochromator_two_theta),
+            phases,
+            n_cif,
+            options,
+        )
+        for b in hypotheses.beams
+    ]
+    leaders = {search.ranked()[0].key for search in searches}
+    # each beam's Rwp on the best sets of both: the same phases, only the lines differ
+    beam_rwp = [min(search.fit(s).rwp for s in leaders) for search in searches]
+    chosen = int(np.argmin(beam_rwp))
+    search = searches[chosen]
     return IdentifyResult(
-        pattern=pattern, instrument=instrument, ranked=tuple(results[:top]), screened=screened
+        pattern=pattern,
+        instrument=search.instrument,
+        ranked=tuple(r.result for r in search.ranked()[:top]),
+        screened=search.screened,
+        beam=hypotheses.beams[chosen],
+        beam_source=hypotheses.source,
+        beam_rwp=(
+            {b.label: r for b, r in zip(hypotheses.beams, beam_rwp, strict=True)} if len(searches) > 1 else {}
+        ),
     )
+
+
+@dataclass(frozen=True)
+class _Ranked:
+    key: tuple[int, ...]  # the set's phases (indices into the candidates), all significant
+    result: PhaseSetResult
+
+
+class _Search:
+    """Screening, set search and fits of the candidates under one instrument (module docstring)."""
+
+    def __init__(
+        self,
+        pattern: MeasuredPattern,
+        instrument: Instrument,
+        phases: list[Phase],
+        n_cif: int,
+        options: IdentifyOptions,
+    ):
+        self.grid, self.counts = pattern.two_theta, pattern.intensity
+        self.instrument, self.phases, self.options = instrument, phases, options
+        self.fitted: dict[tuple[int, ...], PhaseSetResult] = {}
+        problem = LinearProblem(
+            self.counts, chebyshev_basis(instrument, options.fit.background_degree, self.grid)
+        )
+        scores, design = _screen(problem, self.grid, instrument, phases, options.screen_crystallite_nm)
+        order = [int(i) for i in np.argsort(-scores, kind="stable")]
+        self.screened = tuple((phases[i].id, float(scores[i])) for i in order[: max(options.n_screen, n_cif)])
+        pool = [*range(n_cif), *(i for i in order[: options.n_screen] if i >= n_cif)]  # best first
+        sets = _beam_search(problem, design, pool, options.max_phases, options.beam)
+        # the best few sets of each size go to the full fit
+        per_size: dict[int, list[tuple[int, ...]]] = {}
+        for s in sets:
+            per_size.setdefault(len(s), []).append(s)
+        budget = max(1, options.n_fit // max(len(per_size), 1))
+        for size_sets in per_size.values():
+            for s in size_sets[:budget]:
+                self.fit(s)
+        # the broadened columns of the search can prefer a near-twin of the right phase, so the best
+        # fitted set is also tried with each screened phase added (fitted, not broadened)
+        best = min(self.fitted, key=lambda s: (-self.fitted[s].reward, self.fitted[s].rwp))
+        if len(best) < options.max_phases:
+            for j in pool[: options.n_extend]:
+                if j not in best:
+                    self.fit(tuple(sorted((*best, j))))
+        self._ranked: list[_Ranked] | None = None
+
+    def fit(self, phase_set: tuple[int, ...]) -> PhaseSetResult:
+        if phase_set not in self.fitted:
+            self.fitted[phase_set] = _fit_set(
+                self.grid, self.counts, [self.phases[i] for i in phase_set], self.instrument, self.options.fit
+            )
+        return self.fitted[phase_set]
+
+    def significant(self, phase_set: tuple[int, ...]) -> tuple[int, ...]:
+        """``phase_set`` without its phases at 0.0 % or not significant, refitted until none drops."""
+        while True:
+            result = self.fit(phase_set)
+            kept = tuple(
+                i
+                for i in phase_set
+                if self.phases[i].id not in result.superfluous
+                and result.fit.weight_fractions[self.phases[i].id] >= ZERO_FRACTION
+            )
+            if not kept or kept == phase_set:
+                return phase_set
+            phase_set = kept
+
+    def ranked(self) -> list[_Ranked]:
+        """One entry per reduced phase set, by reward, ties by Rwp."""
+        if self._ranked is None:
+            keys = {self.significant(s) for s in list(self.fitted)}
+            entries = [_Ranked(k, self.fit(k)) for k in keys]
+            self._ranked = sorted(entries, key=lambda e: (-e.result.reward, e.result.rwp, e.key))
+        return self._ranked
 
 
 def _fit_set(

@@ -140,9 +140,11 @@ def read_pattern(path: str | Path, *, wavelength: float | None = None) -> Measur
         raise PatternFileError(
             str(path), None, f"unknown pattern format {suffix!r}: use .xy, .xye, .csv or .xrdml"
         )
+    # which λ the file stated decides the beam (``radiation.beam_hypotheses``), so it is recorded
+    source = {"wavelength_from_file": pattern.wavelength is not None, **pattern.source}
     if pattern.wavelength is None and wavelength is not None:
-        pattern = replace(pattern, wavelength=float(wavelength))
-    return pattern
+        return replace(pattern, wavelength=float(wavelength), source=source)
+    return replace(pattern, source=source)
 
 
 # ---------------------------------------------------------------- column files
