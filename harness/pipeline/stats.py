@@ -67,7 +67,12 @@ class DropStreak:
             return
         self.reward_sum += sum(rewards) / len(rewards)
         kind = constant_kind(rewards)
-        setattr(self, kind, getattr(self, kind) + 1)
+        if kind == "all_correct":
+            self.all_correct += 1
+        elif kind == "all_wrong":
+            self.all_wrong += 1
+        else:
+            self.constant += 1
 
     def most_frequent_failure(self) -> str:
         """``in K of M failed episodes: <outcome>: <message>`` for the commonest failure (ties: the first seen)."""
