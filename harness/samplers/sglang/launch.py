@@ -14,20 +14,26 @@ first, so a wrong path fails with a clear message instead of a crash loop.
 The learner's environment never imports sglang. ``Supervisor`` starts the process in
 its own process group, waits for ``GET /health_generate`` to answer 200,
 restarts it when it dies (up to ``max_restarts``), and stops it (SIGTERM,
-then SIGKILL after a grace period) on exit.
+then SIGKILL after a grace period) on exit. Before a restart it kills what is
+left of the dead server's process group and waits for the port to be free
+(a dying child can still hold the listening socket); a restart that fails to
+come up counts as one of the ``max_restarts`` rather than ending supervision.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -129,6 +135,28 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float, poll_s: float
         time.sleep(poll_s)
 
 
+def wait_port_free(host: str, port: int, timeout_s: float, poll_s: float = 0.1) -> float:
+    """Block until ``(host, port)`` can be bound again; returns the seconds waited.
+
+    Binds with ``SO_REUSEADDR`` as servers do, so connections in TIME_WAIT do
+    not count as busy: only a socket still listening (a child of a killed
+    server not yet reaped) does.
+    """
+    start = time.monotonic()
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, port))
+                return time.monotonic() - start
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise
+        if time.monotonic() - start > timeout_s:
+            raise SamplerError(f"port {port} on {host} still in use {timeout_s:.0f} s after the server died")
+        time.sleep(poll_s)
+
+
 @dataclass
 class Supervisor:
     command: list[str]
@@ -175,4 +203,21 @@ class Supervisor:
             self.restarts += 1
             self.log.append(f"exited with code {code}; restart {self.restarts}/{self.max_restarts}")
             print(f"labrl serve: server exited with code {code}, restarting", file=sys.stderr)
-            self.start()
+            self._kill_group()
+            try:
+                url = urlsplit(self.url)
+                wait_port_free(url.hostname or "127.0.0.1", url.port or 80, self.grace_s)
+                self.start()
+            except SamplerError as exc:
+                # the loop's next wait() returns the failed attempt's code at once
+                self.log.append(f"restart {self.restarts} failed: {exc}")
+                print(f"labrl serve: restart {self.restarts} failed: {exc}", file=sys.stderr)
+
+    def _kill_group(self) -> None:
+        """SIGKILL what is left of the last server's process group (its leader is gone)."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
