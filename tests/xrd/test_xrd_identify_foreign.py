@@ -4,11 +4,12 @@ the beam as an input, significance that agrees with the residual, one answer per
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
-from foreign_patterns import foreign_pattern, write_xy, zno_nio
 
 from labrl.cli import main
+from labrl.testing.foreign_xrd import foreign_pattern, write_xy, zno_nio
 from labrl.verifiers.xrd.fit import fit_phases
 from labrl.verifiers.xrd.fit_config import FitConfig
 from labrl.verifiers.xrd.identify import ZERO_FRACTION, identify, instrument_for
@@ -104,3 +105,36 @@ def test_the_ranking_shows_no_phase_set_twice(tmp_path):
     for entry in result.ranked:
         fractions = [p.weight_fraction for p in entry.phases]
         assert len(entry.phases) == 1 or (entry.superfluous == () and min(fractions) >= ZERO_FRACTION)
+
+
+def test_foreign_structures_name_the_library_phase_they_are_scored_against():
+    from pymatgen.core import Composition
+    from pymatgen.symmetry.analyzer import SpacegroupAnalyzer
+
+    from labrl.testing.foreign_xrd import LIBRARY_ID, STRUCTURES, structure
+
+    lib = load_library("v1")
+    assert set(LIBRARY_ID) == set(STRUCTURES)
+    for name, pid in LIBRARY_ID.items():
+        phase = lib.get(pid)
+        built = structure(name)
+        assert Composition(phase.formula).reduced_formula == built.composition.reduced_formula
+        assert phase.spacegroup_number == SpacegroupAnalyzer(built).get_space_group_number(), name
+
+
+def test_random_foreign_mixtures_are_reproducible_and_within_their_ranges():
+    from labrl.testing.foreign_xrd import SYNCHROTRON, random_mixture
+
+    a, b = random_mixture(7, "CuKa"), random_mixture(7, "CuKa")
+    assert a.shares == b.shares and (a.counts == b.counts).all() and a.wavelength == 1.5406
+    shares = [random_mixture(s, "CuKa1").shares for s in range(12)]
+    assert {len(s) for s in shares} == {1, 2, 3}
+    for s in shares:
+        assert sum(s.values()) == pytest.approx(1.0)
+        assert all(0.03 <= v <= 0.30 for v in list(s.values())[1:])
+    sync = random_mixture(3, "synchrotron")
+    assert sync.wavelength in SYNCHROTRON and sync.two_theta[0] == SYNCHROTRON[sync.wavelength][0]
+    mix = random_mixture(5, "CuKa1")
+    assert mix.elements == sorted({e for name in mix.shares for e in re.findall("[A-Z][a-z]?", name)})
+    with pytest.raises(ValueError, match="beam_group"):
+        random_mixture(0, "MoKa")

@@ -17,7 +17,12 @@ background b0 + b1 · (2θ − 2θ_min) (sloping) plus an optional low-angle hum
 Beams: ``"CuKa1"`` (a Kα1 monochromator), ``"CuKa"`` (Kα1 + ½ Kα2, each line computed by
 ``XRDCalculator`` at its own wavelength), or a float (one synchrotron line, Å).
 
-``python tests/xrd/foreign_patterns.py OUT.xy`` writes the ZnO + NiO 0.7 : 0.3 Kα1-only pattern of issue 27.
+``random_mixture(seed, beam)`` draws one pattern of the foreign benchmark set
+(``benchmarks/xrd_identify.py --foreign``): 1-3 of the structures below, minor phases at
+3-30 % of the intensity, a random profile, background and count level.
+
+``python -m labrl.testing.foreign_xrd OUT.xy`` writes the ZnO + NiO 0.7 : 0.3 Kα1-only pattern
+of issue 27.
 """
 
 from __future__ import annotations
@@ -75,6 +80,26 @@ STRUCTURES: dict[str, tuple[str, str, float, float, list[tuple[str, tuple[float,
     "Fe": ("Im-3m", "cubic", 2.8665, 2.8665, [("Fe", (0.0, 0.0, 0.0))]),
     "Cu": ("Fm-3m", "cubic", 3.6149, 3.6149, [("Cu", (0.0, 0.0, 0.0))]),
     "Al": ("Fm-3m", "cubic", 4.0495, 4.0495, [("Al", (0.0, 0.0, 0.0))]),
+}
+
+# the same phase in labrl's v1 library (reduced formula and space group agree:
+# tests/xrd/test_xrd_identify_foreign.py); only the benchmark's scoring uses it
+LIBRARY_ID = {
+    "ZnO": "ZnO_186_hP4",
+    "NiO": "NiO_225_cF8",
+    "MgO": "MgO_225_cF8",
+    "NaCl": "NaCl_225_cF8",
+    "Si": "Si_227_cF8",
+    "CeO2": "CeO2_225_cF12",
+    "TiO2": "TiO2_136_tP6",
+    "CaF2": "CaF2_225_cF12",
+    "Al2O3": "Al2O3_167_hR10",
+    "Fe2O3": "Fe2O3_167_hR10",
+    "CaCO3": "CaCO3_167_hR10",
+    "ZnS": "ZnS_216_cF8",
+    "Fe": "Fe_229_cI2",
+    "Cu": "Cu_225_cF4",
+    "Al": "Al_225_cF4",
 }
 
 # wavelengths (Å) as pymatgen tabulates them (``pymatgen.analysis.diffraction.xrd.WAVELENGTHS``)
@@ -170,6 +195,79 @@ def foreign_pattern(
 def zno_nio(beam: str | float = "CuKa1", seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Issue 27's case: ZnO 0.7 + NiO 0.3 by intensity, FWHM 0.08 + 0.0008·2θ, sloping background."""
     return foreign_pattern({"ZnO": 0.7, "NiO": 0.3}, beam, seed=seed)
+
+
+#: synchrotron wavelengths of the benchmark (Å) and the scan each is measured over
+SYNCHROTRON = {0.8265: (4.0, 42.0), 0.7293: (4.0, 38.0), 0.4959: (2.5, 25.0)}
+#: the three beam groups of the benchmark
+BEAM_GROUPS = ("CuKa1", "CuKa", "synchrotron")
+
+
+@dataclass(frozen=True)
+class ForeignMixture:
+    """One benchmark pattern and what the user is told (the wavelength, the elements)."""
+
+    seed: int
+    beam_group: str
+    shares: dict[str, float]  # structure name -> share of the intensity
+    wavelength: float  # what the user passes: the Kα1, or the synchrotron line
+    two_theta: np.ndarray
+    counts: np.ndarray
+
+    @property
+    def elements(self) -> list[str]:
+        from pymatgen.core import Composition
+
+        return sorted({str(e) for name in self.shares for e in Composition(name).elements})
+
+
+def random_mixture(seed: int, beam_group: str) -> ForeignMixture:
+    """A random pattern of ``beam_group`` (``BEAM_GROUPS``), reproducible from ``seed``.
+
+    1, 2 or 3 phases (equally likely) drawn without replacement from ``STRUCTURES``; each minor
+    phase takes U(3 %, 30 %) of the intensity and the first phase the rest. Profile:
+    Caglioti U 0-0.02, V -0.01-0, W 0.001-0.006 (deg²), FWHM offset 0.02-0.08°, slope
+    0-0.001 per degree, η0 0.2-0.8 with slope ±0.004 per degree, asymmetry 0-0.05; 3k-20k
+    counts at the strongest line; background 50-500 counts with slope -3..+1 per degree and
+    a low-angle hump of 0-400 counts on half the patterns. Scan: 10-80° step 0.02° for Cu,
+    the ``SYNCHROTRON`` range at step 0.01° for a synchrotron line.
+    """
+    if beam_group not in BEAM_GROUPS:
+        raise ValueError(f"beam_group {beam_group!r}: one of {BEAM_GROUPS}")
+    rng = np.random.default_rng(seed)
+    names = list(rng.choice(sorted(STRUCTURES), size=int(rng.integers(1, 4)), replace=False))
+    minors = {str(n): float(rng.uniform(0.03, 0.30)) for n in names[1:]}
+    shares = {str(names[0]): 1.0 - sum(minors.values()), **minors}
+    shape = Shape(
+        width_offset=float(rng.uniform(0.02, 0.08)),
+        width_slope=float(rng.uniform(0.0, 0.001)),
+        caglioti_uvw=(
+            float(rng.uniform(0, 0.02)),
+            float(rng.uniform(-0.01, 0)),
+            float(rng.uniform(0.001, 0.006)),
+        ),
+        eta0=float(rng.uniform(0.2, 0.8)),
+        eta_slope=float(rng.uniform(-0.004, 0.004)),
+        asymmetry=float(rng.uniform(0, 0.05)),
+    )
+    beam: str | float
+    if beam_group == "synchrotron":
+        beam = float(rng.choice(sorted(SYNCHROTRON)))
+        scan, step, told = SYNCHROTRON[beam], 0.01, beam
+    else:
+        scan, step, beam, told = (10.0, 80.0), 0.02, beam_group, 1.5406
+    x, y = foreign_pattern(
+        shares,
+        beam,
+        two_theta_range=scan,
+        step=step,
+        shape=shape,
+        peak_counts=float(rng.uniform(3000, 20000)),
+        background=(float(rng.uniform(50, 500)), float(rng.uniform(-3, 1))),
+        hump=float(rng.uniform(0, 400)) if rng.random() < 0.5 else 0.0,
+        seed=seed,
+    )
+    return ForeignMixture(seed, beam_group, shares, told, x, y)
 
 
 def write_xy(path: Path, x: np.ndarray, y: np.ndarray, wavelength: float | None = None) -> Path:
