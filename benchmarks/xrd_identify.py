@@ -207,7 +207,8 @@ def run_one(seed: int, full_library: bool, version: str = "v1") -> dict:
         elements=None if full_library else elements,
         top=3,
         library=library,
-        options=IdentifyOptions(monochromator_two_theta=mono),
+        # the tasks draw from the whole experimental library, cryogenic solids (Ne, N2) included
+        options=IdentifyOptions(monochromator_two_theta=mono, ambient=False),
     )
     out["identify_s"] = time.perf_counter() - t0
     best = result.best
@@ -218,7 +219,7 @@ def run_one(seed: int, full_library: bool, version: str = "v1") -> dict:
         out["identify_wf_errors"] = [abs(p.weight_fraction - truth[pairs[p.id]]) for p in best.phases]
 
     instrument = result.instrument  # the beam and scan identify fitted with
-    candidates, _ = candidate_phases((), library, None if full_library else elements)
+    candidates, _ = candidate_phases((), library, None if full_library else elements, ambient=False)
     t0 = time.perf_counter()
     ids, fractions = peak_match(pattern, candidates, instrument)
     out["baseline_s"] = time.perf_counter() - t0
@@ -316,13 +317,13 @@ def table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def run_foreign(k: int) -> dict:
-    """Mixture k of the foreign set (module docstring)."""
+def run_foreign(k: int, first_seed: int = FOREIGN_FIRST_SEED) -> dict:
+    """Mixture k of the foreign set (module docstring); ``first_seed`` picks another draw of it."""
     from labrl.testing.foreign_xrd import BEAM_GROUPS, LIBRARY_ID, random_mixture
     from labrl.verifiers.xrd.identify import candidate_phases, identify
     from labrl.verifiers.xrd.readers import MeasuredPattern
 
-    mix = random_mixture(FOREIGN_FIRST_SEED + k, BEAM_GROUPS[k % len(BEAM_GROUPS)])
+    mix = random_mixture(first_seed + k, BEAM_GROUPS[k % len(BEAM_GROUPS)])
     truth = {LIBRARY_ID[name]: share for name, share in mix.shares.items()}
     pattern = MeasuredPattern(
         two_theta=mix.two_theta,
@@ -360,7 +361,7 @@ def _share(rows: list[dict], key: str) -> dict:
 def summarize_foreign(rows: list[dict]) -> dict:
     from labrl.testing.foreign_xrd import BEAM_GROUPS
 
-    summary: dict = {"mixtures": len(rows), "set": "foreign"}
+    summary: dict = {"mixtures": len(rows), "set": "foreign", "first_seed": min(r["seed"] for r in rows)}
     for name in ("identify", "baseline"):
         key = f"{name}_correct"
         summary[name] = {
@@ -398,7 +399,7 @@ def table_foreign(summary: dict) -> str:
         (f"smallest share {k}", v, b["by_smallest_share"][k]) for k, v in i["by_smallest_share"].items()
     ]
     lines = [
-        f"{summary['mixtures']} foreign mixtures (pymatgen XRDCalculator, seeds {FOREIGN_FIRST_SEED}..)",
+        f"{summary['mixtures']} foreign mixtures (pymatgen XRDCalculator, seeds {summary['first_seed']}..)",
         "| group | identify top-1 (n) | peak matching top-1 (n) |",
         "|---|---|---|",
         *(f"| {name} | {cell(x)} | {cell(y)} |" for name, x, y in groups),
@@ -423,13 +424,23 @@ def main() -> int:
     )
     parser.add_argument("--library", choices=["v1", "v0"], default="v1", help="task family and library")
     parser.add_argument("--foreign", action="store_true", help="the foreign set (module docstring)")
+    parser.add_argument(
+        "--first-seed",
+        type=int,
+        default=FOREIGN_FIRST_SEED,
+        help=f"--foreign: seed of mixture 0 (default {FOREIGN_FIRST_SEED}; another value: a held-out draw)",
+    )
     args = parser.parse_args()
     if args.foreign and (args.full_library or args.library != "v1"):
         parser.error("--foreign takes neither --full-library nor --library v0")
+    if args.first_seed != FOREIGN_FIRST_SEED and not args.foreign:
+        parser.error("--first-seed is for --foreign")
     RESULTS.mkdir(exist_ok=True)
     stem = ("xrd_identify_full" if args.full_library else "xrd_identify") + (
         "_v0" if args.library == "v0" else "_foreign" if args.foreign else ""
     )
+    if args.foreign and args.first_seed != FOREIGN_FIRST_SEED:
+        stem += f"_seed{args.first_seed}"
     summarize_rows, render = (summarize_foreign, table_foreign) if args.foreign else (summarize, table)
     if args.merge:
         parts = sorted(RESULTS.glob(f"{stem}.part*of*.json"))
@@ -453,7 +464,9 @@ def main() -> int:
     t0 = time.perf_counter()
     for k in indices:
         rows.append(
-            run_foreign(k) if args.foreign else run_one(FIRST_SEED + k, args.full_library, args.library)
+            run_foreign(k, args.first_seed)
+            if args.foreign
+            else run_one(FIRST_SEED + k, args.full_library, args.library)
         )
         r = rows[-1]
         extra = (

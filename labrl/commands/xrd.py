@@ -52,6 +52,11 @@ def add_parser(subparsers: Any) -> None:
         help="Bragg angle 2θ_m of a monochromator crystal (graphite 002 with Cu Kα: 26.554)",
     )
     p.add_argument("--elements", default=None, help="only library phases made of these, e.g. Ti,O,Na,Cl")
+    p.add_argument(
+        "--cryogenic",
+        action="store_true",
+        help="also try library phases that are solid only cold (solid O2, N2, NH3, noble gases, Hg)",
+    )
     p.add_argument("--top", type=int, default=5, help="how many ranked phase sets to report")
     p.add_argument("--max-phases", type=int, default=3, help="largest phase set tried")
     p.add_argument("--plot", default=None, metavar="PNG", help="write observed vs fitted (best set) here")
@@ -74,7 +79,9 @@ def cmd_identify(args: argparse.Namespace) -> int:
         library=args.library,
         elements=elements,
         top=args.top,
-        options=IdentifyOptions(max_phases=args.max_phases, monochromator_two_theta=args.monochromator),
+        options=IdentifyOptions(
+            max_phases=args.max_phases, monochromator_two_theta=args.monochromator, ambient=not args.cryogenic
+        ),
     )
     plot = str(plot_fit(result, args.plot)) if args.plot else None
     if args.json:

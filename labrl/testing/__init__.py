@@ -1,1 +1,1 @@
-"""Test doubles shipped in the wheel: a fake SGLang server speaking the real HTTP protocol (docs/sglang.md)."""
+"""Test doubles shipped in the wheel: a fake SGLang server speaking the real HTTP protocol (docs/sglang.md), and powder patterns made by other software than labrl's simulator (foreign_xrd, docs/xrd-identify.md)."""

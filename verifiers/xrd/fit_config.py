@@ -22,6 +22,11 @@ class FitV1Options(BaseModel):
     significance_level: float = Field(default=1e-3, gt=0.0, le=0.05)
     # count a phase's Δχ² only where its contribution exceeds the other phases' (its own lines)
     unique_lines: bool = True
+    # inflate each phase's misfit scale by the serial correlation of the residuals where it has
+    # intensity (Bérar & Lelann 1991): a profile shape the model lacks leaves correlated residuals,
+    # fewer independent points than the scan has. Off for the envs' reward (their patterns come
+    # from labrl's own simulator); ``identify`` turns it on for measured patterns
+    serial_correlation: bool = False
     fraction_tolerance: float = Field(default=0.03, ge=0.0, le=1.0)
     fraction_scale: float = Field(default=0.2, gt=0.0, le=1.0)
     fraction_weight: float = Field(default=0.5, ge=0.0, le=1.0)

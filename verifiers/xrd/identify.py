@@ -43,7 +43,7 @@ import numpy as np
 from labrl.errors import ConfigError
 from labrl.verifiers.xrd.anomalous import ANODE_LINES, line_for
 from labrl.verifiers.xrd.fit import fit_phases
-from labrl.verifiers.xrd.fit_config import FitConfig, FitResult
+from labrl.verifiers.xrd.fit_config import FitConfig, FitResult, FitV1Options
 from labrl.verifiers.xrd.fit_linear import LinearProblem
 from labrl.verifiers.xrd.fit_v1 import sticks_of
 from labrl.verifiers.xrd.library import Phase
@@ -197,6 +197,7 @@ class IdentifyOptions:
         screen_crystallite_nm: float = 25.0,
         fit: FitConfig | None = None,
         monochromator_two_theta: float | None = None,
+        ambient: bool = True,
     ):
         if max_phases < 1 or n_screen < 1 or beam < 1 or n_fit < 1:
             raise ConfigError("max_phases, n_screen, beam and n_fit must be at least 1")
@@ -206,8 +207,26 @@ class IdentifyOptions:
         self.n_fit = n_fit
         self.n_extend = n_extend
         self.screen_crystallite_nm = screen_crystallite_nm
-        self.fit = fit or FitConfig(version="v1")
+        # a measured profile is never exactly the model's: correlated misfit is not counting noise
+        self.fit = fit or FitConfig(version="v1", v1=FitV1Options(serial_correlation=True))
         self.monochromator_two_theta = monochromator_two_theta  # degrees; None: no monochromator
+        self.ambient = ambient  # library candidates: only phases solid at room temperature (solid_at_ambient)
+
+
+#: elements whose every compound made only of them is a gas at room temperature (N2, O2, NH3, ...)
+AMBIENT_GASES = frozenset({"H", "N", "O", "F", "Cl", "He", "Ne", "Ar", "Kr", "Xe", "Rn"})
+#: elements that are liquid at room temperature (their pure solid needs cooling)
+AMBIENT_LIQUIDS = frozenset({"Hg", "Br"})
+
+
+def solid_at_ambient(phase: Phase) -> bool:
+    """False for a library phase that exists only cold: a solid made only of gas-forming elements
+    (α-O2, γ-N2, solid NH3, Ne; the library holds no ionic solid of them alone, such as NH4Cl:
+    tests/xrd/test_xrd_identify.py lists what this rule drops) or a pure liquid element (Hg).
+    A sample measured at room temperature cannot hold them, yet their few strong lines can soak
+    up the misfit of a profile the fit does not model."""
+    elements = set(phase.elements)
+    return not (elements <= AMBIENT_GASES or (len(elements) == 1 and elements <= AMBIENT_LIQUIDS))
 
 
 #: ``library`` values of ``identify``: "v1" (the default) is the v1 library's experimental entries
@@ -218,8 +237,11 @@ def candidate_phases(
     cifs: Sequence[str | Path] = (),
     library: str | None = "v1",
     elements: Sequence[str] | None = None,
+    ambient: bool = True,
 ) -> tuple[list[Phase], int]:
     """(candidates, how many of them the CIFs gave): the CIF phases first, then the library's.
+
+    ``ambient``: library phases only where ``solid_at_ambient`` (a CIF is always a candidate).
 
     ``library``: ``"v1"`` the experimental entries of the v1 library (no hypothetical
     substitutions: a measured sample holds real compounds), ``"v1-all"`` all v1 entries,
@@ -241,6 +263,8 @@ def candidate_phases(
         pool = base.search(list(elements)) if elements else list(base)
         if choice == "v1":
             pool = [p for p in pool if p.experimental]
+        if ambient:
+            pool = [p for p in pool if solid_at_ambient(p)]
     phases: list[Phase] = []
     seen: set[str] = set()
     for p in [*user, *pool]:  # a CIF matching a library phase (or another CIF) is listed once
@@ -313,7 +337,7 @@ def identify(
             f"{pattern.source.get('path', 'pattern')}: {len(pattern.two_theta)} points; need 20"
         )
     hypotheses = pattern_beams(pattern, radiation=radiation, wavelength=wavelength)
-    phases, n_cif = candidate_phases(cifs, library, elements)
+    phases, n_cif = candidate_phases(cifs, library, elements, ambient=options.ambient)
     searches = [
         _Search(
             pattern,
