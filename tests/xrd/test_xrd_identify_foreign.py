@@ -203,3 +203,17 @@ def test_identify_leaves_out_solids_that_exist_only_cold_unless_asked(capsys):
     ids = {p.id for p in candidate_phases((), "v1", ["Zn", "O"])[0]}
     assert "ZnO_186_hP4" in ids and "O2_12_mC4" not in ids
     assert "O2_12_mC4" in {p.id for p in candidate_phases((), "v1", ["Zn", "O"], ambient=False)[0]}
+
+
+def test_xrdml_stating_ka2_from_a_ka1_monochromated_instrument_is_overridden_by_radiation(tmp_path, capsys):
+    from pattern_files import write_xrdml
+
+    x, y = zno_nio("CuKa1")
+    path = write_xrdml(tmp_path / "zno_nio.xrdml", x, y)  # the software wrote the tube's Kα2, ratio 0.5
+    as_stated = _identify_json(capsys, str(path))
+    assert as_stated["wavelength"]["source"] == "file" and as_stated["wavelength"]["ka2_ratio"] == 0.5
+    told = _identify_json(capsys, str(path), "--radiation", "CuKa1")
+    assert told["wavelength"]["ka2_ratio"] == 0.0
+    assert told["wavelength"]["source"] == "radiation (overrides the file's Kα2/Kα1 0.5)"
+    assert {p["id"] for p in told["ranked"][0]["phases"]} == {ZNO, NIO}
+    assert told["ranked"][0]["rwp"] < 0.8 * as_stated["ranked"][0]["rwp"]

@@ -46,8 +46,12 @@ def test_the_file_keeps_priority_and_contradictions_are_typed_errors():
     assert _beams(1.540598, 1.544426, 0.5) == [(1.540598, 1.544426, 0.5)]
     assert _beams(1.540598, 1.544426, 0.5, radiation="CuKa").pop() == (1.540598, 1.544426, 0.5)
     assert _beams(1.540598, None, 0.0, radiation="CuKa1") == [(1.540598, 1.540598, 0.0)]
-    with pytest.raises(ConfigError, match="keeps priority"):
-        beam_hypotheses(1.540598, 1.544426, 0.5, radiation="CuKa1")
+    # XRDML from a Kα1-monochromated instrument still states the tube's Kα2: --radiation CuKa1 wins
+    hyp = beam_hypotheses(1.540598, 1.544426, 0.5, radiation="CuKa1")
+    assert [(b.ka1, b.ka2, b.ratio) for b in hyp.beams] == [(1.540598, 1.540598, 0.0)]
+    assert hyp.source == "radiation (overrides the file's Kα2/Kα1 0.5)"
+    back = beam_hypotheses(1.540598, None, 0.0, radiation="CuKa")
+    assert back.beams[0].ratio == 0.5 and back.beams[0].ka1 == 1.540598 and "overrides" in back.source
     with pytest.raises(ConfigError, match="not the Kα1 of --radiation MoKa"):
         beam_hypotheses(1.540598, radiation="MoKa")
     with pytest.raises(ConfigError, match=r"file states λ = 1\.5406"):

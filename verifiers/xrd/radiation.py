@@ -10,8 +10,11 @@ alone. Anodes: Cr, Fe, Co, Cu, Mo, Ag, with the lines of ``anomalous.ANODE_LINES
 
 ``beam_hypotheses`` decides, in this order:
 
-1. the file states Kα2 and its ratio (XRDML ``usedWavelength``): that beam; a ``radiation`` or
-   ``wavelength`` given as well must agree with it;
+1. the file states Kα2 and its ratio (XRDML ``usedWavelength``): that beam; a ``wavelength``
+   given as well must agree with it. A ``radiation`` whose lines differ from the file's only in
+   Kα2 overrides them: instrument software writes the tube's Kα2 and ratio even where a Kα1
+   monochromator removes Kα2 (and the reverse), and the user knows the instrument; the
+   source then says so. A ``radiation`` of another anode is an error;
 2. ``radiation`` names the lines (the file's or the user's wavelength must be its Kα1);
 3. the wavelength is an anode's weighted mean (2 Kα1 + Kα2)/3 (within ``ANODE_TOLERANCE``): that
    anode's doublet, ratio 0.5 (an unresolved Kα is quoted by its mean);
@@ -144,10 +147,9 @@ def beam_hypotheses(
     if file_ratio is not None and (file_ka2 is not None or file_ratio == 0.0):
         ratio = float(file_ratio)
         if named is not None and named[1] != (ratio == 0.0):
-            raise ConfigError(
-                f"{path}: the file states Kα2/Kα1 = {ratio:g}, which --radiation {radiation} "
-                "contradicts; the file's usedWavelength keeps priority: leave --radiation out"
-            )
+            ka1 = stated_ka1 if is_ka1 else ANODE_LINES[named[0]][0]
+            beam = single_line(ka1, named[0]) if named[1] else doublet(named[0], ka1)
+            return BeamHypotheses((beam,), f"radiation (overrides the file's Kα2/Kα1 {ratio:g})")
         if ratio == 0.0:
             return BeamHypotheses((single_line(lam, anode if is_ka1 else None),), "file")
         label = f"{anode or 'tube'} Kα1+Kα2 (Kα2/Kα1 {ratio:g})"
