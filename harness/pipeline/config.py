@@ -36,6 +36,12 @@ class PipelineSection(BaseModel):
     )
     total_steps: int = Field(default=100, ge=1, le=10**8)
     dynamic_sampling: bool = Field(default=True, description="drop zero-variance groups and oversample")
+    retry_all_wrong: int = Field(
+        default=0,
+        ge=0,
+        le=16,
+        description="play a task whose group was all wrong (and dropped) again, up to this many times",
+    )
     max_oversample_factor: float = Field(
         default=8.0, ge=1.0, description="stop if more than this many groups per needed group were dropped"
     )

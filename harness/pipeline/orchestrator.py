@@ -66,7 +66,7 @@ from labrl.harness.pipeline.admission import (
     pessimistic_keep_rate,
     trained_before_end,
 )
-from labrl.harness.pipeline.buffer import Group, GroupBuffer
+from labrl.harness.pipeline.buffer import Group, GroupBuffer, constant_kind
 from labrl.harness.pipeline.checkpoint import SUMMARY_FILE, read_checkpoint, write_checkpoint
 from labrl.harness.pipeline.config import PipelineSection
 from labrl.harness.pipeline.errors_log import ErrorLog
@@ -158,6 +158,13 @@ class Orchestrator:
         self.next_group_index = 0
         self.trained_groups: list[int] = []
         self.restart_queue: list[tuple[int, int]] = []
+        # task seeds whose group was all wrong, to play again under a new group index
+        # (``retry_all_wrong``), and how many retries each has had
+        self.retry_queue: list[int] = []
+        self.retries: dict[int, int] = {}
+        self.retry_indices: set[int] = set()  # group indices of retries not yet finished
+        # fresh tasks are numbered apart from group indices, so retries shift no task's seed
+        self.next_task = 0
         self.eval_history: list[dict[str, Any]] = []
         # live state
         self._inflight: dict[int, tuple[int, asyncio.Task]] = {}
@@ -317,9 +324,14 @@ class Orchestrator:
                 return
             if self.restart_queue:
                 index, seed = self.restart_queue.pop(0)
-            else:
-                index, seed = self.next_group_index, task_seed(self.seed, self.next_group_index)
+            elif self.retry_queue:
+                index, seed = self.next_group_index, self.retry_queue.pop(0)
+                self.retry_indices.add(index)
                 self.next_group_index += 1
+            else:
+                index, seed = self.next_group_index, task_seed(self.seed, self.next_task)
+                self.next_group_index += 1
+                self.next_task += 1
             self._start_group(index, seed)
 
     def _start_group(self, index: int, seed: int) -> None:
@@ -348,8 +360,13 @@ class Orchestrator:
                 self.errors.episodes(processed, step=self.step, phase="train")
             if verdict == "kept":
                 self._drops = DropStreak()
+            elif self._is_retry(group):
+                # a retry's drop says nothing new about whether the batch can fill: the task was
+                # already counted, and retries are bounded (retry_all_wrong), so they cannot sample forever
+                self._maybe_retry(group)
             else:
                 self._drops.add(group)
+                self._maybe_retry(group)
                 # whatever dropped them (dynamic sampling, or no trainable episode with it off), this many
                 # drops in a row mean the batch cannot fill: stop rather than sample forever
                 if self._drops.count > self.cfg.max_oversample_factor * self.cfg.batch_groups:
@@ -361,9 +378,30 @@ class Orchestrator:
                 self._failure = exc
         finally:
             self._inflight.pop(index, None)
+            if not self._stopping:  # a retry cancelled by a stop is replayed as one after resume
+                self.retry_indices.discard(index)
             self._inflight_episodes -= self.cfg.group_size
             self._wake.set()
             self.weights.group_finished(episodes_in_flight=bool(self._inflight))
+
+    def _is_retry(self, group: Group) -> bool:
+        """Whether ``group`` replays an earlier group's all-wrong task (``_maybe_retry``)."""
+        return group.index in self.retry_indices
+
+    def _maybe_retry(self, group: Group) -> None:
+        """Queue ``group``'s task to be played again if every member failed (``retry_all_wrong``).
+
+        A dropped all-wrong group gives the policy no signal on that task; a phase the policy
+        has collapsed away from is such a task every time, and another group of it is the only
+        way a success (and with it an advantage) can appear (docs/training.md)."""
+        rewards = [float(t.reward) for t in group.trainable]  # type: ignore[arg-type]
+        if not rewards or constant_kind(rewards) != "all_wrong":
+            return
+        used = self.retries.get(group.task_seed, 0)
+        if used < self.cfg.retry_all_wrong:
+            self.retries[group.task_seed] = used + 1
+            self.retry_queue.append(group.task_seed)
+            self.buffer.counters["groups_retried"] += 1  # checkpointed with the buffer
 
     async def _play_here(self, index: int, task: Task, sampling: SamplingParams) -> list[Trajectory]:
         return await rollout_group(
@@ -470,6 +508,10 @@ class Orchestrator:
             "next_group_index": self.next_group_index,
             "trained_groups": list(self.trained_groups),
             "inflight": inflight,
+            "retry_queue": list(self.retry_queue),
+            "retry_indices": sorted(self.retry_indices & {i for i, _ in inflight}),
+            "next_task": self.next_task,
+            "retries": [[seed, n] for seed, n in self.retries.items()],
             "buffer": self.buffer.state_dict(),
             "eval_history": list(self.eval_history),
             "seed": self.seed,
@@ -494,6 +536,11 @@ class Orchestrator:
         self.next_group_index = int(state["next_group_index"])
         self.trained_groups = list(state["trained_groups"])
         self.restart_queue = [tuple(x) for x in state["inflight"]]
+        # checkpoints from before retries existed have neither key
+        self.retry_queue = [int(x) for x in state.get("retry_queue", [])]
+        self.retries = {int(seed): int(n) for seed, n in state.get("retries", [])}
+        self.retry_indices = {int(i) for i in state.get("retry_indices", [])}
+        self.next_task = int(state.get("next_task", self.next_group_index))
         self.buffer.load_state_dict(state["buffer"])
         self.eval_history = list(state["eval_history"])
         self.metrics.time_offset_s = float(state.get("wall_s", 0.0))  # checkpoints before it: restart at 0

@@ -266,6 +266,7 @@ class StepStats:
             "groups/zero_variance_total": counters["groups_zero_variance"],
             "groups/all_correct_total": counters["groups_zero_variance_all_correct"],
             "groups/all_wrong_total": counters["groups_zero_variance_all_wrong"],
+            "groups/retried_total": counters["groups_retried"],
             "groups/untrainable_total": counters["groups_untrainable"],
             "groups/kept_total": counters["groups_kept"],
             "groups/inflight": inflight_groups,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from typing import ClassVar
 
 import pytest
 import torch
@@ -351,3 +352,50 @@ async def test_resume_continues_without_training_any_group_twice(tmp_path):
             old_rows += int(versions.min()) < 3
         assert int((batch.versions_B_T[~batch.loss_mask_B_T] != NO_VERSION).sum()) == 0
     assert old_rows == 4 * len(buffered_at_stop)
+
+
+class HardEveryThird(LetterEnv):
+    """Every third task seed fails whatever the reply (an all-wrong group every time); resets are
+    counted per task seed in the class's ``plays`` so a test sees which tasks were played again."""
+
+    plays: ClassVar[dict[int, int]] = {}
+
+    async def reset(self, task):
+        type(self).plays[task.seed] = type(self).plays.get(task.seed, 0) + 1
+        return await super().reset(task)
+
+    async def step(self, action):
+        from labrl.envs import StepResult
+
+        result = await super().step(action)
+        assert self.task is not None
+        return StepResult(reward=0.0, done=True) if self.task.seed % 3 == 0 else result
+
+
+@pytest.mark.parametrize("retries", [0, 2])
+async def test_all_wrong_groups_are_played_again_up_to_retry_all_wrong_times(retries):
+    HardEveryThird.plays = {}
+    orch, records = make("sync", env=HardEveryThird, steps=6, retry_all_wrong=retries)
+    await orch.run()
+    groups = {seed: n // 4 for seed, n in HardEveryThird.plays.items()}  # 4 members per group
+    hard = {seed: n for seed, n in groups.items() if seed % 3 == 0}
+    assert len(hard) >= 3 and all(n <= 1 + retries for n in groups.values())
+    # a hard task is played 1 + retries times, except where the run's end cut its retries short
+    assert max(hard.values()) == 1 + retries and min(hard.values()) >= 1
+    pending = len(orch.retry_queue)
+    assert records[-1]["groups/retried_total"] == sum(n - 1 for n in groups.values()) + pending
+    assert all(n <= retries for n in orch.retries.values()) and (retries or not orch.retries)
+    # retries run under new group indices, and the checkpointed state carries them
+    assert len(set(orch.trained_groups)) == len(orch.trained_groups)
+    state = orch.state_dict()
+    assert state["retry_queue"] == orch.retry_queue
+    assert {seed: n for seed, n in state["retries"]} == orch.retries
+
+
+async def test_retries_do_not_count_toward_the_stall_guard():
+    # every task fails: 6 fresh drops in a row stop the run (2 x 3); with 2 retries each, 18 drops
+    # happen before the 7th fresh one, and the guard must still wait for that one
+    orch, _ = make("pipeline", env=ConstantReward, max_oversample_factor=2.0, retry_all_wrong=2)
+    with pytest.raises(PipelineStalledError, match="7 groups in a row"):
+        await orch.run()
+    assert orch.buffer.counters["groups_retried"] >= 6
