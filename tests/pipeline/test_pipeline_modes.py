@@ -399,3 +399,23 @@ async def test_retries_do_not_count_toward_the_stall_guard():
     with pytest.raises(PipelineStalledError, match="7 groups in a row"):
         await orch.run()
     assert orch.buffer.counters["groups_retried"] >= 6
+
+
+async def test_retries_survive_a_stop_and_resume(tmp_path):
+    run = tmp_path / "run"
+    HardEveryThird.plays = {}
+    orch, _ = make("pipeline", run_dir=run, env=HardEveryThird, steps=8, retry_all_wrong=3)
+    orch.on_step = lambda r: orch.request_stop() if r["step"] == 3 else None
+    await orch.run()
+    ckpt = latest_checkpoint(run)
+    assert ckpt is not None
+    saved = torch.load(ckpt / "pipeline.pt", weights_only=False)
+    assert saved["retries"] and saved["next_task"] < saved["next_group_index"]
+    orch2, records = make("pipeline", run_dir=run, env=HardEveryThird, steps=8, retry_all_wrong=3)
+    await orch2.resume(ckpt)
+    assert orch2.retries == {seed: n for seed, n in saved["retries"]}
+    assert orch2.retry_queue == saved["retry_queue"] and orch2.next_task == saved["next_task"]
+    assert orch2.retry_indices == set(saved["retry_indices"])
+    await orch2.run()
+    assert all(n <= 3 for n in orch2.retries.values()) and records[-1]["step"] == 8
+    assert len(set(orch2.trained_groups)) == len(orch2.trained_groups)  # the resumed list included
