@@ -5,7 +5,7 @@ Protocol-neutral: the fields both OpenEnv's ``/metadata`` (``name``,
 Reward Standard's environment listing (name, splits, tools) need, plus what a
 client needs to act (``action``, ``observation``: a description and a JSON
 schema each, from ``labrl.interop.wire``), the budgets, the ``-o`` options and
-the Python distributions the env needs (``dependencies``). Each protocol's
+the Python distributions the env needs (``dependencies``); JSON values only. Each protocol's
 server shapes it for its own route; ``labrl envs show ENV_ID --json`` prints it.
 
 - ``version`` is the id's version suffix (``xrd/phase-id-v1`` -> ``v1``): a
@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, metadata, version
 from typing import Any, get_args
+
+from pydantic_core import to_jsonable_python
 
 from labrl.envs.registry import env_options, make, registration
 from labrl.envs.types import Split
@@ -60,7 +62,7 @@ def manifest(env_id: str, options: dict[str, Any] | None = None) -> dict[str, An
     packages = [_distribution("labrl")]
     if registered.source != "labrl":
         packages.append(_distribution(registered.source))
-    return {
+    shown = {
         "name": env_id,
         "route_name": route_name(env_id),
         "version": env_version(env_id),
@@ -81,6 +83,9 @@ def manifest(env_id: str, options: dict[str, Any] | None = None) -> dict[str, An
         },
         "dependencies": {"python": metadata("labrl")["Requires-Python"], "packages": packages},
     }
+    # JSON values only (an option's default may be a config model): the CLI and every route print the same
+    jsonable: dict[str, Any] = to_jsonable_python(shown, fallback=str)
+    return jsonable
 
 
 def with_extra(shown: dict[str, Any], extra: str) -> dict[str, Any]:
