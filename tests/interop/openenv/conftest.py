@@ -1,4 +1,4 @@
-"""The xrd tools env served by ``labrl envs serve --protocol openenv``, shared by a module's tests."""
+"""The xrd tools env served by docs/interop.md's ``labrl envs serve`` command, shared by a module's tests."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 
 pytest.importorskip("openenv")
 
-from openenv_test_servers import serve_cli
+from openenv_test_servers import docs_serve_command, serve_argv
 
 
 @pytest.fixture(scope="module")
 def xrd_server() -> Iterator[str]:
-    with serve_cli("xrd/phase-id-tools-v0", "--tasks-per-split", "20") as url:
+    with serve_argv(docs_serve_command()) as url:  # docs/interop.md's command, on a free port
         yield url

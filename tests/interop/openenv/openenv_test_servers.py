@@ -19,6 +19,7 @@ pytest.importorskip("openenv")
 
 from labrl.lab_adapters.mock.process import free_port
 
+DOCS = Path(__file__).parents[3] / "docs" / "interop.md"
 STARTUP_TIMEOUT_S = 120.0  # the xrd envs load their phase library while the manifest is built
 
 
@@ -39,9 +40,18 @@ def wait_healthy(url: str, process: subprocess.Popen[str] | None = None) -> None
 @contextmanager
 def serve_cli(env_id: str, *args: str, env: Mapping[str, str] | None = None) -> Iterator[str]:
     """``labrl envs serve ENV_ID --protocol openenv`` as a subprocess on a free port; yields its URL."""
+    with serve_argv(["envs", "serve", env_id, "--protocol", "openenv", *args], env=env) as url:
+        yield url
+
+
+@contextmanager
+def serve_argv(argv: list[str], env: Mapping[str, str] | None = None) -> Iterator[str]:
+    """``labrl ARGV`` (a serve command) as a subprocess, its ``--port`` replaced by a free port."""
     port = free_port()
-    command = [sys.executable, "-m", "labrl.cli", "envs", "serve", env_id, "--protocol", "openenv",
-               "--port", str(port), *args]  # fmt: skip
+    if "--port" in argv:
+        at = argv.index("--port")
+        argv = argv[:at] + argv[at + 2 :]
+    command = [sys.executable, "-m", "labrl.cli", *argv, "--port", str(port)]
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, **(env or {})}, cwd=Path(__file__).parent,
@@ -74,3 +84,23 @@ def serve_in_thread(env_id: str, **options: object) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def docs_section() -> str:
+    """docs/interop.md's OpenEnv section, whose commands the tests run as written."""
+    text = DOCS.read_text()
+    start = text.index("## OpenEnv")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else None]
+
+
+def docs_serve_command() -> list[str]:
+    """The documented ``labrl envs serve ...`` line, split into its arguments after ``labrl``."""
+    (line,) = [line for line in docs_section().splitlines() if line.startswith("labrl envs serve ")]
+    return line.split()[1:]
+
+
+def docs_python_block() -> str:
+    section = docs_section()
+    start = section.index("```python\n") + len("```python\n")
+    return section[start : section.index("```", start)]

@@ -13,7 +13,7 @@ openenv = pytest.importorskip("openenv")
 
 from openenv.core.env_server.types import EnvironmentMetadata  # noqa: E402
 from openenv.core.generic_client import GenericEnvClient  # noqa: E402
-from openenv_test_servers import serve_cli, serve_in_thread  # noqa: E402
+from openenv_test_servers import docs_python_block, docs_serve_command, serve_cli, serve_in_thread  # noqa: E402
 
 from labrl.envs import make  # noqa: E402
 from labrl.envs.actions import format_tool_call  # noqa: E402
@@ -98,7 +98,9 @@ def test_the_metadata_route_serves_the_manifest(xrd_server):
         "dependencies": {**manifest["dependencies"], "packages": served["dependencies"]["packages"]},
     }
     assert served["dependencies"]["packages"][0].startswith("labrl[openenv]==")
-    EnvironmentMetadata(**{k: served[k] for k in EnvironmentMetadata.model_fields if k in served})  # its own shape
+    EnvironmentMetadata(
+        **{k: served[k] for k in EnvironmentMetadata.model_fields if k in served}
+    )  # its own shape
     assert served["name"] == XRD and served["version"] == "v0"
     schema = httpx.get(f"{xrd_server}/schema", timeout=30).json()
     assert "text" in schema["action"]["properties"] and "outcome" in schema["observation"]["properties"]
@@ -110,11 +112,11 @@ def test_the_task_routes_list_splits_and_tasks(xrd_server):
         {"name": "train", "type": "train"},
         {"name": "test", "type": "test"},
     ]
-    assert httpx.post(f"{base}/num_tasks", json={"split": "test"}).json() == {"num_tasks": 20}
+    assert httpx.post(f"{base}/num_tasks", json={"split": "test"}).json() == {"num_tasks": 1000}
     tasks = httpx.post(f"{base}/tasks", json={"split": "test"}, timeout=60).json()["tasks"]
-    assert [t["seed"] for t in tasks] == list(range(20)) and tasks[3]["task_id"] == f"{XRD}:t1:test:3"
+    assert [t["seed"] for t in tasks] == list(range(1000)) and tasks[3]["task_id"] == f"{XRD}:t1:test:3"
     assert "answer" not in tasks[3]
-    assert httpx.post(f"{base}/task", json={"split": "test", "index": 20}).status_code == 400
+    assert httpx.post(f"{base}/task", json={"split": "test", "index": 1000}).status_code == 400
 
 
 @pytest.fixture(scope="module")
@@ -181,3 +183,14 @@ def test_a_lab_refusing_the_key_stops_the_session_unscored(tmp_path):
                     client.step({"text": answer})
                 with pytest.raises(RuntimeError, match="refused the credentials"):
                     client.reset(split="test", index=4)  # the session stays stopped
+
+
+def test_the_documented_client_runs_as_written(xrd_server, capsys):
+    assert docs_serve_command()[:3] == ["envs", "serve", XRD]  # the command xrd_server runs
+    code = docs_python_block()
+    assert "http://127.0.0.1:8000" in code
+    exec(compile(code.replace("http://127.0.0.1:8000", xrd_server), "docs/interop.md", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    task, reply = printed[0], printed[-1]
+    assert f"'task_id': '{XRD}:t1:test:3'" in task
+    assert reply == "ok None False"
