@@ -58,15 +58,15 @@ CLOSE_TIMEOUT_S = 30.0
 SPLITS: tuple[Split, ...] = ("train", "test")
 
 
-class OpenEnvAction(_types.Action, wire.WireAction):  # type: ignore[misc]
+class OpenEnvAction(_types.Action, wire.WireAction):  # type: ignore[misc, name-defined]
     """OpenEnv's action (``metadata``) with labrl's ``text``."""
 
 
-class OpenEnvObservation(_types.Observation, wire.WireObservation):  # type: ignore[misc]
+class OpenEnvObservation(_types.Observation, wire.WireObservation):  # type: ignore[misc, name-defined]
     """OpenEnv's observation (``done``, ``reward``, ``metadata``) with labrl's fields."""
 
 
-class OpenEnvState(_types.State):  # type: ignore[misc]
+class OpenEnvState(_types.State):  # type: ignore[misc, name-defined]
     env_id: str = ""
     task: wire.WireTask | None = None
     done: bool = False
@@ -74,7 +74,7 @@ class OpenEnvState(_types.State):  # type: ignore[misc]
     reward: float | None = None
 
 
-class LabrlEnvironment(_interfaces.Environment):  # type: ignore[misc]
+class LabrlEnvironment(_interfaces.Environment):  # type: ignore[misc, name-defined]
     """One OpenEnv session: one labrl env. ``environment_class`` makes a subclass per served env."""
 
     SUPPORTS_CONCURRENT_SESSIONS = True

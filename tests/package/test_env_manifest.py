@@ -20,7 +20,9 @@ def test_the_manifest_says_what_the_env_is_and_how_to_act(capsys):
     assert shown["description"].startswith("identify crystalline phases")
     assert shown["budgets"]["max_turns"] == 1 and shown["has_gold_answer"] is True
     assert shown["action"]["schema"]["required"] == ["text"]
-    assert {"messages", "tools", "outcome", "error", "task"} <= set(shown["observation"]["schema"]["properties"])
+    assert {"messages", "tools", "outcome", "error", "task"} <= set(
+        shown["observation"]["schema"]["properties"]
+    )
     assert "verifier_failed" in shown["observation"]["description"]
     assert shown["dependencies"] == {"python": ">=3.11", "packages": [f"labrl=={version('labrl')}"]}
     assert {"name": "tier", "default": 1, "type": "Literal[1, 2, 3]", "description": ""} in shown["options"]
