@@ -125,7 +125,8 @@ class LabrlEnvironment(_interfaces.Environment):  # type: ignore[misc, name-defi
         if self._task is None or (self._last is not None and wire.step_done(self._last)):
             raise no_episode_error(self._env.spec.id)
         try:
-            result = await self._env.step(wire.WireAction(text=action.text).to_labrl())
+            # the deadlines are labrl's budgets (BudgetedEnv); OpenEnv's optional timeout_s is not applied
+            result = await self._env.step(action.to_labrl())
         except STOPS_THE_RUN as exc:
             self._refused = exc
             raise
