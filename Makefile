@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.labrl-installed
 
-.PHONY: run test dry-run lint typecheck typecheck-update typecheck-baseline bench-envs clean-venv
+.PHONY: run test test-interop dry-run lint typecheck typecheck-update typecheck-baseline bench-envs clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ PYTEST_ARGS ?= -n 2 --dist loadfile
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# each protocol's tests (tests/interop/NAME) in its own cached venv layered over $(VENV):
+# their pins conflict with labrl's and with each other (docs/interop.md, .ci/interop.sh)
+test-interop: $(STAMP)
+	VENV=$(VENV) PYTHON=$(PYTHON) .ci/interop.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

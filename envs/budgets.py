@@ -189,6 +189,11 @@ def _finite_reward(result: StepResult) -> StepResult:
     return StepResult(done=True, outcome=Outcome.VERIFIER_FAILED, info=info)
 
 
+def outcome_of_error(exc: BaseException) -> Outcome:
+    """The outcome of an error that escaped an env where no ``StepResult`` can carry it (a reset)."""
+    return Outcome.TIMEOUT if isinstance(exc, EnvTimeoutError) else Outcome.ENV_ERROR
+
+
 def format_traceback(exc: BaseException) -> str:
     """The full traceback of ``exc`` (chained causes included), as the trajectory records it."""
     return "".join(traceback.format_exception(exc))

@@ -31,9 +31,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from labrl.envs.actions import parse_action
 from labrl.envs.base import Env
-from labrl.envs.budgets import STOPS_THE_RUN, format_traceback
+from labrl.envs.budgets import STOPS_THE_RUN, format_traceback, outcome_of_error
 from labrl.envs.types import Action, Message, Outcome, StepResult, Task, ToolSpec
-from labrl.errors import EnvError, EnvTimeoutError
+from labrl.errors import EnvError
 
 Policy = Callable[[Sequence[Message], Sequence[ToolSpec]], Awaitable[str | Action]]
 
@@ -89,7 +89,7 @@ async def run_episode(env: Env, task: Task, policy: Policy, *, max_turns: int | 
     except STOPS_THE_RUN:
         raise
     except Exception as exc:  # any env bug is this episode's env_error, never a crashed run
-        outcome = Outcome.TIMEOUT if isinstance(exc, EnvTimeoutError) else Outcome.ENV_ERROR
+        outcome = outcome_of_error(exc)
         elapsed = time.perf_counter() - started
         return Episode(
             env_id=env.spec.id, task=task, messages=(), turns=(), outcome=outcome, reward=None,
@@ -123,7 +123,7 @@ async def run_episode(env: Env, task: Task, policy: Policy, *, max_turns: int | 
         except STOPS_THE_RUN:
             raise
         except Exception as exc:  # an env not wrapped in BudgetedEnv, or a bug in the wrapper
-            outcome = Outcome.TIMEOUT if isinstance(exc, EnvTimeoutError) else Outcome.ENV_ERROR
+            outcome = outcome_of_error(exc)
             info = {"error": f"{type(exc).__name__}: {exc}", "traceback": format_traceback(exc)}
             result = StepResult(done=True, outcome=outcome, info=info)
         t2 = time.perf_counter()

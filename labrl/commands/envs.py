@@ -1,4 +1,4 @@
-"""``labrl envs list | show ID | sample ID | check [ID ...]``."""
+"""``labrl envs list | show ID [--json] | sample ID | check [ID ...] | serve ID --protocol P``."""
 
 from __future__ import annotations
 
@@ -22,7 +22,34 @@ def add_parser(subparsers: Any) -> None:
 
     p = sub.add_parser("show", help="the full spec of one env and the options it accepts (JSON)")
     p.add_argument("env_id", help="a registered env id (labrl envs list)")
+    p.add_argument(
+        "--json", action="store_true", help="the manifest a hub or a protocol's metadata route publishes"
+    )
+    p.add_argument(
+        "--option", "-o", action="append", default=[], metavar="KEY=VALUE", help="env option (JSON value)"
+    )
     p.set_defaults(func=cmd_show)
+
+    from labrl.interop.servers import SERVERS, ServeSettings
+
+    p = sub.add_parser("serve", help="serve one env over an environment protocol (docs/interop.md)")
+    p.add_argument("env_id", help="a registered env id (labrl envs list)")
+    p.add_argument("--protocol", choices=sorted(SERVERS), required=True, help="the wire protocol")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+    p.add_argument(
+        "--option", "-o", action="append", default=[], metavar="KEY=VALUE", help="env option (JSON value)"
+    )
+    p.add_argument(
+        "--max-sessions", type=int, default=ServeSettings.max_sessions, help="sessions held at once"
+    )
+    p.add_argument(
+        "--tasks-per-split",
+        type=int,
+        default=ServeSettings.tasks_per_split,
+        help="tasks each split lists on the task routes (any seed can be reset)",
+    )
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("sample", help="play episodes with a scripted (gold) or random policy")
     p.add_argument("env_id", help="a registered env id (labrl envs list)")
@@ -86,9 +113,31 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     from labrl.envs.registry import env_options, spec
 
+    if args.json:
+        from labrl.interop.manifest import manifest
+
+        print(json.dumps(manifest(args.env_id, parse_options(args.option)), indent=2, default=str))
+        return 0
     shown = json.loads(spec(args.env_id).model_dump_json())
     shown["options"] = env_options(args.env_id)  # what `-o KEY=VALUE` / env.options accept
     print(json.dumps(shown, indent=2, default=str))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from labrl.interop.servers import ServeSettings, app_factory
+
+    settings = ServeSettings(
+        env_id=args.env_id,
+        options=parse_options(args.option),
+        max_sessions=args.max_sessions,
+        tasks_per_split=args.tasks_per_split,
+    )
+    app = app_factory(args.protocol)(settings)
+    print(f"serving {args.env_id} over {args.protocol} at http://{args.host}:{args.port}", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
 
