@@ -8,6 +8,7 @@ would reach for, so ``except ValueError`` still catches a bad config::
     │   ├── PatternFileError                  a measured-pattern file that cannot be read (file, line)
     │   └── PlacementError                    backend=ray: unknown resource or impossible placement
     ├── RegistryError (LookupError)           unknown or duplicate env id
+    ├── MissingExtraError (ImportError)       an optional extra (labrl[openenv], ...) is not installed
     ├── EnvError (RuntimeError)               the environment itself failed -> outcome env_error
     │   └── TransientEnvError                 infrastructure hiccup: retried within the budget
     ├── InvalidActionError (ValueError)       the model's action is unusable -> outcome invalid_action
@@ -59,6 +60,10 @@ class PatternFileError(ConfigError):
 
 class RegistryError(LabrlError, LookupError):
     """An env id is unknown, malformed or registered twice."""
+
+
+class MissingExtraError(LabrlError, ImportError):
+    """An optional extra is not installed; the message is one line naming the ``pip install`` to run."""
 
 
 class EnvError(LabrlError, RuntimeError):
@@ -177,6 +182,7 @@ __all__ = [
     "LabrlError",
     "LearnerError",
     "LearnerLostError",
+    "MissingExtraError",
     "PatternFileError",
     "PlacementError",
     "RegistryError",
