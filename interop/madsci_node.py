@@ -87,7 +87,9 @@ class LabNode(RestNode):
         return self._run({"kind": "synthesis", **job})
 
 
-def serve_node(port: int, lab_url: str, *, host: str = "127.0.0.1", key_env: str = "LABRL_LAB_API_KEY") -> None:
+def serve_node(
+    port: int, lab_url: str, *, host: str = "127.0.0.1", key_env: str = "LABRL_LAB_API_KEY"
+) -> None:
     """Run the node on ``host:port`` until it is stopped (uvicorn, in this thread)."""
     config = LabNodeConfig(
         node_url=f"http://{host}:{port}",

@@ -241,7 +241,9 @@ class MadsciNodeAdapter:
         if state not in ACTION_STATES:
             raise LabStatusError(f"MADSci node answered an unknown action status {state!r}")
         if not ACTION_STATES[state].terminal:
-            return JobStatus(job_id=job.job_id, idempotency_key=job.idempotency_key, state=ACTION_STATES[state])
+            return JobStatus(
+                job_id=job.job_id, idempotency_key=job.idempotency_key, state=ACTION_STATES[state]
+            )
         return self._to_status(job, await self._call("GET", f"/action/{name}/{action_id}/result"))
 
     @staticmethod

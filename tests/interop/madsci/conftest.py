@@ -94,3 +94,22 @@ def counting_node(tmp_path: Path) -> Iterator[tuple[NodeProcess, Path]]:
     node, ledger = make_counting_node(tmp_path)
     yield node, ledger
     node.stop()
+
+
+@pytest.fixture(scope="module")
+def mock_lab_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    """``labrl lab serve-madsci-node`` as a user runs it: a node in front of a mock lab it starts."""
+    workdir = tmp_path_factory.mktemp("mock-lab-node")
+    port = free_port()
+    argv = [sys.executable, "-m", "labrl.cli", "lab", "serve-madsci-node", "--port", str(port)]
+    argv += ["--state-dir", str(workdir / "lab"), "--latency-median", "0.2"]
+    node = NodeProcess(argv, workdir, port).start()
+    yield node
+    node.stop()
+
+
+@pytest.fixture(autouse=True)
+def madsci_files_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """madsci-client writes ``.madsci/logs`` under its settings directory: keep it out of the checkout."""
+    monkeypatch.setenv("MADSCI_SETTINGS_DIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path)

@@ -10,15 +10,15 @@ import pytest
 
 pytest.importorskip("madsci.node_module")
 
-import asyncio  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+import asyncio
+from pathlib import Path
+from typing import Any
 
-import httpx  # noqa: E402
+import httpx
 
-from labrl.errors import LabRejectedError  # noqa: E402
-from labrl.lab_adapters import Journal, JournaledLab, JournaledLabConfig, JobState  # noqa: E402
-from labrl.lab_adapters.madsci import MadsciNodeAdapter, MadsciNodeConfig  # noqa: E402
+from labrl.errors import LabRejectedError
+from labrl.lab_adapters import JobState, Journal, JournaledLab, JournaledLabConfig
+from labrl.lab_adapters.madsci import MadsciNodeAdapter, MadsciNodeConfig
 
 FAST = JournaledLabConfig(use_feed=False, wait_timeout_s=60.0, submit_deadline_s=60.0, backoff_max_s=0.5)
 
@@ -106,7 +106,9 @@ async def test_client_restart_mid_action_reattaches_without_rerunning(shared_cou
     lab, adapter, journal = open_lab(node, path)
     try:
         outcomes = await lab.resume()
-        assert [(o.key, o.status.state, o.fresh) for o in outcomes] == [("exp/delta", JobState.COMPLETED, True)]
+        assert [(o.key, o.status.state, o.fresh) for o in outcomes] == [
+            ("exp/delta", JobState.COMPLETED, True)
+        ]
         assert outcomes[0].status.result == {"sample": "delta", "reading": 7.5}
         assert lab.stats["resumed"] == 1 and lab.stats["submitted"] == 0
         assert runs_of(ledger, "delta") == (1, 1)
