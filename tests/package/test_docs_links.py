@@ -81,7 +81,7 @@ INSTALLED_AS = {
 }
 #: other projects' source files the code cites (not in this repository)
 ELSEWHERE = ("megatron/", "sglang/srt/")
-SKIPPED_DIRS = {".git", ".venv", "build", "dist", "runs", "__pycache__"}
+SKIPPED_DIRS = {".git", ".venv", ".venv-interop", "build", "dist", "runs", "__pycache__"}
 SOURCE_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml"}
 
 

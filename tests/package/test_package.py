@@ -139,7 +139,9 @@ def test_dependencies_point_one_way():
     # the protocols sit at the edge: of the core, only the CLI (labrl/commands/) reaches them
     for path in (ROOT / "labrl").rglob("*.py"):
         if path.parent.name != "commands":
-            offenders += [f"{path.relative_to(ROOT)}: {n}" for n, _ in _imports(path) if n.startswith("labrl.interop")]
+            offenders += [
+                f"{path.relative_to(ROOT)}: {n}" for n, _ in _imports(path) if n.startswith("labrl.interop")
+            ]
     assert offenders == []
 
 
