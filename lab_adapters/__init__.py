@@ -5,6 +5,8 @@
   timeouts, rate limit, concurrency cap and circuit breaker.
 - ``Journal`` + ``JournaledLab`` (``job_journal``, ``journaled_lab``): no experiment lost
   or paid for twice across crashes and restarts.
+- ``MadsciNodeAdapter`` (``madsci``): the protocol over a MADSci node's REST
+  actions, its action ids journaled before they start (import it from there).
 - ``SimulatorAdapter`` (``simulator``): ASE calculators off the event loop,
   cached by canonical structure hash.
 - ``recipes``: what a valid ``synthesis`` job is (shelf, limits, targets,

@@ -11,11 +11,15 @@
     labrl lab status --url http://127.0.0.1:8765 JOB_ID --wait 10
     labrl lab journal runs/lab/journal.sqlite --limit 20
 
+    labrl lab serve-madsci-node --port 2000     # the mock lab as a MADSci node (extra: labrl[madsci])
+
 ``submit`` uses the idempotency key ``--key`` (default: derived from the
 request, so submitting the same request twice is one job); both print the
 job's status as JSON. ``journal`` prints a journal's counts by state and its
 newest entries; ``--fresh`` sets an empty or corrupt journal aside and
-starts a new one (without it such a journal is an error).
+starts a new one (without it such a journal is an error). ``serve-madsci-node``
+serves a lab as a MADSci node (``labrl.interop.madsci_node``): the lab at
+``--lab-url``, or else a mock lab it starts as a child process.
 """
 
 from __future__ import annotations
@@ -78,6 +82,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     journal.add_argument("--json", action="store_true", help="print JSON instead of a table")
     journal.set_defaults(func=_journal)
+
+    node = sub.add_parser(
+        "serve-madsci-node", help="serve a lab (default: a fresh mock lab) as a MADSci node on loopback"
+    )
+    node.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    node.add_argument("--port", type=int, default=2000, help="port of the node (default 2000, MADSci's)")
+    node.add_argument("--lab-url", default=None, help="a labrl REST lab; default: start a mock lab")
+    node.add_argument(
+        "--api-key-env",
+        default="LABRL_LAB_API_KEY",
+        help="environment variable holding the lab's key (default LABRL_LAB_API_KEY)",
+    )
+    node.add_argument(
+        "--state-dir", type=Path, default=Path("runs/mock-lab-madsci"), help="the started mock lab's state"
+    )
+    node.add_argument(
+        "--latency-median", type=float, default=2.0, dest="latency_median_s", help="mock job time in s (2)"
+    )
+    node.set_defaults(func=_serve_madsci_node)
 
 
 FAULT_HELP = {
@@ -231,4 +254,26 @@ def _serve_mock(args: argparse.Namespace) -> int:
         flush=True,
     )
     serve(config)
+    return 0
+
+
+def _serve_madsci_node(args: argparse.Namespace) -> int:
+    import os
+    import secrets
+
+    from labrl.extras import import_extra
+
+    node = import_extra("labrl.interop.madsci_node", "madsci")
+    if args.lab_url is not None:
+        print(f"MADSci node on http://{args.host}:{args.port} -> lab {args.lab_url}", flush=True)
+        node.serve_node(args.port, args.lab_url, host=args.host, key_env=args.api_key_env)
+        return 0
+    from labrl.lab_adapters.mock import MockLabConfig, MockLabProcess
+
+    token = os.environ.get(args.api_key_env) or secrets.token_hex(16)
+    os.environ[args.api_key_env] = token  # the node's lab client reads it from here
+    config = MockLabConfig(port=0, state_dir=args.state_dir, latency_median_s=args.latency_median_s)
+    with MockLabProcess(config, token) as lab:
+        print(f"MADSci node on http://{args.host}:{args.port} -> mock lab {lab.url}", flush=True)
+        node.serve_node(args.port, lab.url, host=args.host, key_env=args.api_key_env)
     return 0

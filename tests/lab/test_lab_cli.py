@@ -87,3 +87,13 @@ def test_serve_mock_needs_a_token(tmp_path, monkeypatch):
         ),
     ):
         create_app(MockLabConfig(state_dir=tmp_path))
+
+
+def test_serve_madsci_node_without_the_extra_says_what_to_install(capsys):
+    import importlib.util
+
+    if importlib.util.find_spec("madsci") is not None:
+        pytest.skip("the madsci extra is installed here (tests/interop/madsci runs the node)")
+    assert main(["lab", "serve-madsci-node", "--port", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.endswith("pip install 'labrl[madsci]'")
