@@ -147,7 +147,7 @@ def beam_hypotheses(
     if file_ratio is not None and (file_ka2 is not None or file_ratio == 0.0):
         ratio = float(file_ratio)
         if named is not None and named[1] != (ratio == 0.0):
-            ka1 = stated_ka1 if is_ka1 else ANODE_LINES[named[0]][0]
+            ka1 = lam if is_ka1 else ANODE_LINES[named[0]][0]
             beam = single_line(ka1, named[0]) if named[1] else doublet(named[0], ka1)
             return BeamHypotheses((beam,), f"radiation (overrides the file's Kα2/Kα1 {ratio:g})")
         if ratio == 0.0:
