@@ -17,7 +17,10 @@ Action states and what labrl makes of them::
     not_started                  -> queued
     running, paused              -> running
     succeeded                    -> completed  (result: json_result if it is a dict, else {"value": it})
-    failed, not_ready            -> failed     (error: the node's error messages)
+    failed                       -> failed     (error: the node's error messages)
+    not_ready                    -> failed; at submit, the node was busy (one action at a
+                                    time) and dropped it unrun: offered again under a new
+                                    action id every poll gap for up to ``busy_wait_s``
     cancelled                    -> cancelled
     unknown                      -> see "re-attaching" below
 
@@ -69,6 +72,9 @@ from labrl.lab_adapters.job_journal import Journal
 from labrl.lab_adapters.protocol import JobRef, JobState, JobStatus
 from labrl.lab_adapters.rest import RestLabAdapter, RestLabConfig
 
+#: the state of an action a busy node refused to start: dropped, never run
+NOT_READY = "not_ready"
+
 #: MADSci ``ActionStatus`` value -> labrl state; ``unknown`` is resolved separately (module docstring).
 ACTION_STATES: dict[str, JobState] = {
     "not_started": JobState.QUEUED,
@@ -76,7 +82,7 @@ ACTION_STATES: dict[str, JobState] = {
     "paused": JobState.RUNNING,
     "succeeded": JobState.COMPLETED,
     "failed": JobState.FAILED,
-    "not_ready": JobState.FAILED,
+    NOT_READY: JobState.FAILED,
     "cancelled": JobState.CANCELLED,
 }
 UNKNOWN = "unknown"
@@ -99,6 +105,11 @@ class MadsciNodeConfig(BaseModel):
     backoff_max_s: float = Field(default=5.0, ge=0)
     poll_first_s: float = Field(default=0.25, gt=0, description="first wait between status polls")
     poll_max_s: float = Field(default=5.0, gt=0, description="polls back off x1.5 up to this")
+    busy_wait_s: float = Field(
+        default=600.0,
+        ge=0,
+        description="how long submit keeps offering an experiment to a node that refuses it as busy",
+    )
 
     def http(self) -> RestLabConfig:
         """The transport settings, in the form the shared HTTP path takes."""
@@ -164,10 +175,19 @@ class MadsciNodeAdapter:
         entry, _ = await self.journal.record(idempotency_key, request)
         if entry.job_id is not None:
             return await self.status(JobRef(job_id=entry.job_id, idempotency_key=idempotency_key))
-        created = await self._call("POST", f"/action/{name}", json={"args": args})
-        job = JobRef(job_id=f"{name}/{created['action_id']}", idempotency_key=idempotency_key)
-        await self.journal.attach(idempotency_key, job.job_id)  # before start: a restart re-attaches
-        return await self._start(job)
+        deadline = time.monotonic() + self.config.busy_wait_s
+        gap = self.config.poll_first_s
+        while True:
+            created = await self._call("POST", f"/action/{name}", json={"args": args})
+            job = JobRef(job_id=f"{name}/{created['action_id']}", idempotency_key=idempotency_key)
+            await self.journal.attach(idempotency_key, job.job_id)  # before start: a restart re-attaches
+            answer = await self._start_answer(job)
+            # not_ready: the node was busy (it runs one action at a time) and dropped the action
+            # unrun; offer the experiment again under a new action id until busy_wait_s
+            if answer.get("status") != NOT_READY or time.monotonic() + gap > deadline:
+                return await self._status_of_start(job, answer)
+            await asyncio.sleep(gap)
+            gap = min(gap * 1.5, self.config.poll_max_s)
 
     async def submit(self, request: dict[str, Any], idempotency_key: str) -> JobRef:
         return (await self.submit_status(request, idempotency_key)).ref
@@ -215,8 +235,13 @@ class MadsciNodeAdapter:
     # -- MADSci specifics -------------------------------------------------------
 
     async def _start(self, job: JobRef) -> JobStatus:
+        return await self._status_of_start(job, await self._start_answer(job))
+
+    async def _start_answer(self, job: JobRef) -> dict[str, Any]:
         name, action_id = _split(job)
-        answer = await self._call("POST", f"/action/{name}/{action_id}/start")
+        return await self._call("POST", f"/action/{name}/{action_id}/start")
+
+    async def _status_of_start(self, job: JobRef, answer: dict[str, Any]) -> JobStatus:
         if any(e.get("error_type") == "NotFound" for e in _errors(answer)):
             # not parked: started already (a retried start) or lost with a node restart
             return await self._look(job, start_parked=False)

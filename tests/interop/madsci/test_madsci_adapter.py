@@ -92,6 +92,27 @@ async def test_failed_action_and_refused_request(shared_counting_node, tmp_path)
         await close_lab(lab, adapter, journal)
 
 
+async def test_an_experiment_offered_to_a_busy_node_waits_its_turn_and_runs_once(
+    shared_counting_node, tmp_path
+):
+    """The node runs one action at a time and drops a start it gets while busy (``not_ready``);
+    the adapter offers the experiment again under a new action id until the node takes it."""
+    node, ledger = shared_counting_node
+    lab, adapter, journal = open_lab(node, tmp_path / "journal.sqlite")
+    try:
+        first = asyncio.ensure_future(lab.run(measure("busy-first", seconds=2.0), "exp/busy-first"))
+        await wait_until_started(ledger, "busy-first")
+        second = await lab.run(measure("busy-second"), "exp/busy-second")
+        assert second.status.state is JobState.COMPLETED
+        assert second.status.result == {"sample": "busy-second", "reading": 16.5}
+        assert (await first).status.state is JobState.COMPLETED
+        assert runs_of(ledger, "busy-first") == (1, 1) and runs_of(ledger, "busy-second") == (1, 1)
+        lines = ledger.read_text().splitlines()
+        assert lines.index("end busy-first") < lines.index("start busy-second")
+    finally:
+        await close_lab(lab, adapter, journal)
+
+
 async def test_client_restart_mid_action_reattaches_without_rerunning(shared_counting_node, tmp_path):
     node, ledger = shared_counting_node
     path = tmp_path / "journal.sqlite"
