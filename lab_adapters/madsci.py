@@ -67,7 +67,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from labrl.errors import LabJobError, LabRejectedError, LabStatusError, LabTimeoutError
+from labrl.errors import LabRejectedError, LabStatusError, LabTimeoutError
 from labrl.lab_adapters.job_journal import Journal
 from labrl.lab_adapters.protocol import JobRef, JobState, JobStatus
 from labrl.lab_adapters.rest import RestLabAdapter, RestLabConfig
@@ -218,13 +218,7 @@ class MadsciNodeAdapter:
             gap = min(gap * 1.5, self.config.poll_max_s)
 
     async def result(self, job: JobRef) -> dict[str, Any]:
-        status = await self.status(job)
-        if status.state is JobState.COMPLETED and status.result is not None:
-            return status.result
-        raise LabJobError(
-            f"MADSci action {job.job_id} has no result: state {status.state.value}"
-            + (f" ({status.error})" if status.error else "")
-        )
+        return (await self.status(job)).completed_result("MADSci action")
 
     async def cancel(self, job: JobRef) -> JobStatus:
         raise LabRejectedError(

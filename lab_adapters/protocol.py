@@ -33,6 +33,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from labrl.errors import LabJobError
+
 
 class JobState(StrEnum):
     QUEUED = "queued"
@@ -73,6 +75,15 @@ class JobStatus(BaseModel):
     @property
     def ref(self) -> JobRef:
         return JobRef(job_id=self.job_id, idempotency_key=self.idempotency_key)
+
+    def completed_result(self, what: str = "job") -> dict[str, Any]:
+        """The result of a completed job; ``LabJobError`` naming the state (and error) otherwise."""
+        if self.state is JobState.COMPLETED and self.result is not None:
+            return self.result
+        raise LabJobError(
+            f"{what} {self.job_id} has no result: state {self.state.value}"
+            + (f" ({self.error})" if self.error else "")
+        )
 
 
 class CompletionEvent(BaseModel):

@@ -46,13 +46,12 @@ from labrl.errors import (
     LabAuthError,
     LabCircuitOpenError,
     LabError,
-    LabJobError,
     LabRejectedError,
     LabStatusError,
     LabTimeoutError,
     LabTransportError,
 )
-from labrl.lab_adapters.protocol import EventPage, JobRef, JobState, JobStatus
+from labrl.lab_adapters.protocol import EventPage, JobRef, JobStatus
 from labrl.redact import redact
 from labrl.resilience import Backoff, CircuitBreaker, TokenBucket, retry_after_s
 
@@ -329,13 +328,7 @@ class RestLabAdapter:
                 return status
 
     async def result(self, job: JobRef) -> dict[str, Any]:
-        status = await self.status(job)
-        if status.state is JobState.COMPLETED and status.result is not None:
-            return status.result
-        raise LabJobError(
-            f"job {job.job_id} has no result: state {status.state.value}"
-            + (f" ({status.error})" if status.error else "")
-        )
+        return (await self.status(job)).completed_result()
 
     async def cancel(self, job: JobRef) -> JobStatus:
         return self._status((await self._call("POST", f"/jobs/{job.job_id}/cancel")).json())

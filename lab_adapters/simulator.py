@@ -17,7 +17,7 @@ import itertools
 from collections import OrderedDict
 from typing import Any
 
-from labrl.errors import LabJobError, LabRejectedError, LabrlError, LabTimeoutError
+from labrl.errors import LabRejectedError, LabrlError, LabTimeoutError
 from labrl.lab_adapters.calculators import BACKENDS, execute_calculation, validate_calculation
 from labrl.lab_adapters.protocol import JobRef, JobState, JobStatus, request_hash
 from labrl.lab_adapters.structures import parse_structure, structure_hash
@@ -142,10 +142,7 @@ class SimulatorAdapter:
         return await self.status(job)
 
     async def result(self, job: JobRef) -> dict[str, Any]:
-        status = await self.wait(job, self.timeout_s)
-        if status.state is JobState.COMPLETED and status.result is not None:
-            return status.result
-        raise LabJobError(f"job {job.job_id} has no result: state {status.state.value} ({status.error})")
+        return (await self.wait(job, self.timeout_s)).completed_result()
 
     async def cancel(self, job: JobRef) -> JobStatus:
         self._task(job).cancel()
