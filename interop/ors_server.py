@@ -185,7 +185,7 @@ class LabrlOrsEnvironment(_ors.Environment):  # type: ignore[misc, name-defined]
 
     @_ors.terminal
     @_ors.tool
-    async def answer(self, args: Answer) -> ToolOutput:
+    async def answer(self, args: Answer) -> ToolOutput:  # type: ignore[valid-type]  # the SDK's class
         """The model's plain reply (its answer turn), scored by the env."""
         return await self.step_text(args.text)
 
