@@ -129,10 +129,10 @@ class LabrlOrsEnvironment(_ors.Environment):  # type: ignore[misc, name-defined]
         self._hold_a_session()
         try:
             self._env: Env = make(self.settings.env_id, **self.settings.options)
-        except BaseException:
+            self._task: Task = self._env.make_task(shown.split, shown.seed)
+        except BaseException:  # no session was made: the SDK will never tear it down
             self._release_a_session()
             raise
-        self._task: Task = self._env.make_task(shown.split, shown.seed)
         self._opening: Observation | None = None
         self._refused: BaseException | None = None
 
