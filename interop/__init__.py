@@ -1,7 +1,7 @@
 """labrl.interop: labrl spoken over other ecosystems' protocols, one module per protocol.
 
-Envs served over environment protocols (``openenv_server``: OpenEnv) build on the
-protocol-neutral pieces here: ``manifest`` (what an env is, for hubs and metadata
+Envs served over environment protocols (``openenv_server``: OpenEnv; ``ors_server``: the
+Open Reward Standard) build on the protocol-neutral pieces here: ``manifest`` (what an env is, for hubs and metadata
 routes), ``wire`` (a labrl step as a remote client sees it) and ``servers`` (protocol
 name -> app factory, what ``labrl envs serve`` offers). ``madsci_node``: the mock lab
 (or any lab with labrl's REST API) served as a MADSci node. The protocol packages are

@@ -39,10 +39,10 @@ from collections.abc import Coroutine
 from typing import Any, ClassVar
 
 from labrl.envs.base import Env, no_episode_error
-from labrl.envs.budgets import STOPS_THE_RUN, outcome_of_error
+from labrl.envs.budgets import STOPS_THE_RUN
 from labrl.envs.registry import make
 from labrl.envs.types import Split, StepResult, Task
-from labrl.errors import ConfigError, EnvError
+from labrl.errors import ConfigError
 from labrl.extras import import_extra
 from labrl.interop import wire
 from labrl.interop.manifest import manifest, with_extra
@@ -112,7 +112,7 @@ class LabrlEnvironment(_interfaces.Environment):  # type: ignore[misc, name-defi
             self._refused = exc
             raise
         except Exception as exc:  # no StepResult to carry it: an error frame naming the kind
-            raise EnvError(f"{outcome_of_error(exc).value}: {type(exc).__name__}: {exc}") from exc
+            raise wire.reset_failure(exc) from exc
         self._episode_id = episode_id or uuid.uuid4().hex
         self._task, self._steps, self._last, self._reward = task, 0, None, None
         fields = wire.reset_fields(task, observation, self._env.spec.tools)

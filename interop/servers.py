@@ -16,6 +16,7 @@ from labrl.errors import ConfigError
 
 SERVERS: dict[str, str] = {
     "openenv": "labrl.interop.openenv_server:create_app",
+    "ors": "labrl.interop.ors_server:create_app",
 }
 
 

@@ -11,6 +11,8 @@
   that ends the episode. ``done`` is true when labrl's episode is over, by
   the env (``done``) or by its turn budget (``truncated``, kept separately).
 - A task is shown by what selects it (split, seed) and its id, never its answer.
+- A reset that fails has no step to carry its outcome: it is an ``EnvError``
+  whose message starts with the kind (``timeout: ...``, ``env_error: ...``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from labrl.envs.actions import parse_action
+from labrl.envs.budgets import outcome_of_error
 from labrl.envs.types import Action, Message, Observation, Outcome, Split, StepResult, Task, ToolSpec
+from labrl.errors import EnvError
 
 #: StepResult.info keys a client does not get: the traceback stays in the server's log
 PRIVATE_INFO_KEYS = frozenset({"traceback", "error"})
@@ -92,3 +96,8 @@ def step_reward(result: StepResult) -> float | None:
 
 def step_done(result: StepResult) -> bool:
     return result.done or result.truncated
+
+
+def reset_failure(exc: BaseException) -> EnvError:
+    """The error a client sees for a reset that raised ``exc``: its message starts with the kind."""
+    return EnvError(f"{outcome_of_error(exc).value}: {type(exc).__name__}: {exc}")

@@ -39,14 +39,16 @@ def test_options_reach_the_manifest_and_a_protocol_adds_its_extra(capsys):
     assert shown["dependencies"]["packages"] == [f"labrl=={version('labrl')}"]  # not modified
 
 
-@pytest.mark.skipif(importlib.util.find_spec("openenv") is not None, reason="the openenv extra is installed")
-def test_serve_without_the_extra_is_one_line_naming_it(capsys):
-    assert main(["envs", "serve", "xrd/phase-id-v0", "--protocol", "openenv", "--port", "1"]) == 2
+@pytest.mark.parametrize(("protocol", "package"), [("openenv", "openenv"), ("ors", "openreward")])
+def test_serve_without_the_extra_is_one_line_naming_it(capsys, protocol, package):
+    if importlib.util.find_spec(package) is not None:
+        pytest.skip(f"the {protocol} extra is installed")
+    assert main(["envs", "serve", "xrd/phase-id-v0", "--protocol", protocol, "--port", "1"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "pip install 'labrl[openenv]'" in err
+    assert err.count("\n") == 1 and f"pip install 'labrl[{protocol}]'" in err
 
 
 def test_serve_offers_the_registered_protocols(capsys):
     with pytest.raises(SystemExit):
         main(["envs", "serve", "xrd/phase-id-v0", "--protocol", "gopher"])
-    assert "invalid choice: 'gopher' (choose from 'openenv')" in capsys.readouterr().err
+    assert "invalid choice: 'gopher' (choose from 'openenv', 'ors')" in capsys.readouterr().err
