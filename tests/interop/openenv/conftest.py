@@ -8,7 +8,8 @@ import pytest
 
 pytest.importorskip("openenv")
 
-from openenv_test_servers import docs_serve_command, serve_argv
+from interop_servers import serve_argv
+from openenv_test_servers import docs_serve_command
 
 
 @pytest.fixture(scope="module")

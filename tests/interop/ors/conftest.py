@@ -11,7 +11,8 @@ pytest.importorskip("openreward")
 
 os.environ["OPENREWARD_DISABLE_UPDATE_CHECK"] = "1"  # before any client exists; servers inherit it
 
-from ors_servers import docs_serve_command, serve_argv
+from interop_servers import serve_argv
+from ors_servers import docs_serve_command
 
 
 @pytest.fixture(scope="module")

@@ -4,59 +4,22 @@ commands of docs/interop.md's ORS section, which the tests run as written."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from functools import partial
 
-import httpx
+import interop_servers as shared
 import pytest
+from interop_servers import wait_healthy
 
 pytest.importorskip("openreward")
 
 from labrl.lab_adapters.mock.process import free_port
 
-DOCS = Path(__file__).parents[3] / "docs" / "interop.md"
-STARTUP_TIMEOUT_S = 120.0  # the xrd envs load their phase library while the tools are listed
-
-
-def wait_healthy(url: str, process: subprocess.Popen[str] | None = None) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(f"the server exited with {process.returncode}: {process.stderr.read()}")  # type: ignore[union-attr]
-        try:
-            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"no healthy server at {url} within {STARTUP_TIMEOUT_S:g} s")
-
-
-@contextmanager
-def serve_argv(argv: list[str], env: dict[str, str] | None = None) -> Iterator[str]:
-    """``labrl ARGV`` (a serve command) as a subprocess, its ``--port`` replaced by a free port."""
-    port = free_port()
-    if "--port" in argv:
-        at = argv.index("--port")
-        argv = argv[:at] + argv[at + 2 :]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "labrl.cli", *argv, "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, **(env or {})}, cwd=Path(__file__).parent,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, process)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+SECTION = "## Open Reward Standard"
+docs_serve_command = partial(shared.docs_serve_command, SECTION)
+docs_python_block = partial(shared.docs_python_block, SECTION)
 
 
 @contextmanager
@@ -84,23 +47,3 @@ def serve_in_thread(env_id: str, max_sessions: int = 1024, **options: object) ->
     finally:
         server.should_exit = True
         thread.join(timeout=30)
-
-
-def docs_section() -> str:
-    """docs/interop.md's ORS section."""
-    text = DOCS.read_text()
-    start = text.index("## Open Reward Standard")
-    end = text.find("\n## ", start + 1)
-    return text[start : end if end != -1 else None]
-
-
-def docs_serve_command() -> list[str]:
-    """The documented ``labrl envs serve ...`` line, split into its arguments after ``labrl``."""
-    (line,) = [line for line in docs_section().splitlines() if line.startswith("labrl envs serve ")]
-    return line.split()[1:]
-
-
-def docs_python_block() -> str:
-    section = docs_section()
-    start = section.index("```python\n") + len("```python\n")
-    return section[start : section.index("```", start)]

@@ -12,9 +12,10 @@ import pytest
 
 pytest.importorskip("openreward")
 
+from interop_servers import serve_argv
 from openreward import OpenReward
 from openreward.api.errors import ToolCallError, ToolFailed
-from ors_servers import docs_python_block, docs_serve_command, serve_argv, serve_in_thread
+from ors_servers import docs_python_block, docs_serve_command, serve_in_thread
 
 from labrl.envs import make
 from labrl.envs.registry import deregister, register

@@ -1,0 +1,77 @@
+"""What the protocol servers' tests share (tests/interop/*): a ``labrl ... serve`` command run as a
+real subprocess on a free port, its health wait, and the commands of a docs/interop.md section,
+which the tests run as written."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from labrl.lab_adapters.mock.process import free_port
+
+DOCS = Path(__file__).parents[2] / "docs" / "interop.md"
+STARTUP_TIMEOUT_S = 120.0  # the xrd envs load their phase library before the server answers
+
+
+def wait_healthy(url: str, process: subprocess.Popen[str] | None = None) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"the server exited with {process.returncode}: {process.stderr.read()}")  # type: ignore[union-attr]
+        try:
+            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"no healthy server at {url} within {STARTUP_TIMEOUT_S:g} s")
+
+
+@contextmanager
+def serve_argv(argv: list[str], env: Mapping[str, str] | None = None) -> Iterator[str]:
+    """``labrl ARGV`` (a serve command) as a subprocess, its ``--port`` replaced by a free port.
+
+    stdout is discarded (a server may log every request there; a full pipe would block it)."""
+    port = free_port()
+    if "--port" in argv:
+        at = argv.index("--port")
+        argv = argv[:at] + argv[at + 2 :]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "labrl.cli", *argv, "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, **(env or {})}, cwd=Path(__file__).parent,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, process)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def docs_section(heading: str) -> str:
+    """The docs/interop.md section under ``heading`` (e.g. ``"## OpenEnv"``), to the next ``## ``."""
+    text = DOCS.read_text()
+    start = text.index(heading)
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else None]
+
+
+def docs_serve_command(heading: str) -> list[str]:
+    """The section's ``labrl envs serve ...`` line, split into its arguments after ``labrl``."""
+    (line,) = [line for line in docs_section(heading).splitlines() if line.startswith("labrl envs serve ")]
+    return line.split()[1:]
+
+
+def docs_python_block(heading: str) -> str:
+    section = docs_section(heading)
+    start = section.index("```python\n") + len("```python\n")
+    return section[start : section.index("```", start)]
