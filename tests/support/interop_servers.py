@@ -7,10 +7,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -55,6 +57,38 @@ def serve_argv(argv: list[str], env: Mapping[str, str] | None = None) -> Iterato
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@contextmanager
+def serve_app_in_thread(app: Any) -> Iterator[str]:
+    """``app`` under uvicorn in a thread of this process, on a free port; yields its URL."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url)
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+@contextmanager
+def registered(entry_points: Mapping[str, str]) -> Iterator[None]:
+    """Env ids registered (id -> ``module:Class``) for the block, deregistered after it."""
+    from labrl.envs.registry import deregister, register
+
+    for env_id, entry_point in entry_points.items():
+        register(env_id, entry_point)
+    try:
+        yield
+    finally:
+        for env_id in entry_points:
+            deregister(env_id)
 
 
 def docs_section(heading: str) -> str:

@@ -22,6 +22,7 @@ come up counts as one of the ``max_restarts`` rather than ending supervision.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shlex
@@ -217,7 +218,5 @@ class Supervisor:
         """SIGKILL what is left of the last server's process group (its leader is gone)."""
         if self.proc is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone already
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass

@@ -8,6 +8,7 @@ import sys
 
 import httpx
 import pytest
+from interop_servers import registered
 
 openenv = pytest.importorskip("openenv")
 
@@ -17,7 +18,6 @@ from openenv_test_servers import docs_python_block, docs_serve_command, serve_cl
 
 from labrl.envs import make  # noqa: E402
 from labrl.envs.actions import format_tool_call  # noqa: E402
-from labrl.envs.registry import deregister, register  # noqa: E402
 
 XRD = "xrd/phase-id-tools-v0"
 
@@ -126,11 +126,8 @@ def fixture_envs():
         "test/crashing-v0": "labrl_test_envs:CrashingEnv",
         "test/broken-verifier-v0": "labrl_test_envs:BrokenVerifierEnv",
     }
-    for env_id, entry_point in ids.items():
-        register(env_id, entry_point)
-    yield
-    for env_id in ids:
-        deregister(env_id)
+    with registered(ids):
+        yield
 
 
 @pytest.mark.parametrize(

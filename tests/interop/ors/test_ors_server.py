@@ -12,13 +12,12 @@ import pytest
 
 pytest.importorskip("openreward")
 
-from interop_servers import serve_argv
+from interop_servers import registered, serve_argv
 from openreward import OpenReward
 from openreward.api.errors import ToolCallError, ToolFailed
 from ors_servers import docs_python_block, docs_serve_command, serve_in_thread
 
 from labrl.envs import make
-from labrl.envs.registry import deregister, register
 from labrl.envs.types import Action
 
 XRD = "xrd/phase-id-tools-v0"
@@ -118,11 +117,8 @@ def fixture_envs():
         "test/crashing-v0": "labrl_test_envs:CrashingEnv",
         "test/broken-verifier-v0": "labrl_test_envs:BrokenVerifierEnv",
     }
-    for env_id, entry_point in ids.items():
-        register(env_id, entry_point)
-    yield
-    for env_id in ids:
-        deregister(env_id)
+    with registered(ids):
+        yield
 
 
 def test_a_plain_reply_goes_to_the_terminal_tool(fixture_envs):
