@@ -14,7 +14,7 @@ env imports it at module level (``tests/package/test_package.py``). The lab envs
 only as their offline default, when no ``lab_url`` is given (``labrl.envs.lab.session``).
 """
 
-from labrl.lab_adapters.mock.process import MockLabProcess, free_port
+from labrl.lab_adapters.mock.process import MockLabProcess
 from labrl.lab_adapters.mock.server import FaultConfig, InProcessMockLab, MockLabConfig, create_app, serve
 
 __all__ = [
@@ -23,6 +23,5 @@ __all__ = [
     "MockLabConfig",
     "MockLabProcess",
     "create_app",
-    "free_port",
     "serve",
 ]

@@ -2,7 +2,7 @@
 
 ::
 
-    with MockLabProcess(MockLabConfig(state_dir=tmp, port=free_port()), token="t") as lab:
+    with MockLabProcess(MockLabConfig(state_dir=tmp, port=0), token="t") as lab:
         ...  # lab.url
         lab.restart()                       # same port, same state directory
         lab.stats()                         # the lab's own counts
@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,18 +27,14 @@ import httpx
 
 from labrl.errors import LabTransportError
 from labrl.lab_adapters.mock.server import MockLabConfig
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from labrl.ports import free_restart_port
 
 
 class MockLabProcess:
     def __init__(self, config: MockLabConfig, token: str, *, startup_timeout_s: float = 30.0) -> None:
         if config.port == 0:
-            config = config.model_copy(update={"port": free_port()})
+            # restart() comes back on this port: one the kernel never hands out meanwhile
+            config = config.model_copy(update={"port": free_restart_port()})
         self.config = config
         self.token = token
         self.startup_timeout_s = startup_timeout_s

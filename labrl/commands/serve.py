@@ -18,6 +18,7 @@ import argparse
 import signal
 import sys
 from typing import Any
+from urllib.parse import urlsplit
 
 from labrl.errors import ConfigError
 from labrl.harness.samplers.sglang.launch import (
@@ -27,6 +28,7 @@ from labrl.harness.samplers.sglang.launch import (
     launcher_for,
     server_command,
 )
+from labrl.ports import ephemeral_port_range, restart_port_warning
 
 
 def add_parser(subparsers: Any) -> None:
@@ -79,6 +81,10 @@ def cmd_sglang(args: argparse.Namespace) -> int:
             tp_size=args.tp,
         )
         url = f"http://{args.host}:{args.port}"
+    port = urlsplit(url).port
+    warning = restart_port_warning(port, ephemeral_port_range()) if port is not None else None
+    if warning and args.max_restarts > 0:
+        print(f"labrl serve: warning: {warning}", file=sys.stderr)
     if args.dry_run:
         print(" ".join(cmd))
         return 0

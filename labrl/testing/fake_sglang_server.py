@@ -606,14 +606,12 @@ class ServerThread:
     """
 
     def __init__(self, app: FastAPI, port: int = 0) -> None:
-        import socket
-
         import uvicorn
 
+        from labrl.ports import free_port
+
         if port == 0:
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                port = sock.getsockname()[1]
+            port = free_port()
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")

@@ -3,8 +3,6 @@ replay under sequence parallelism gives back the learner's own routing."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -12,6 +10,7 @@ import tp2_worker
 from weight_sync_support import MODELS, model_parallel_shards, transformers_checkpoint_layout
 
 from labrl.harness.models.hf_export import hf_weights
+from labrl.ports import free_port
 
 pytestmark = [
     pytest.mark.skipif(torch.cuda.device_count() < 2, reason="TP=2 needs two GPUs"),
@@ -20,9 +19,7 @@ pytestmark = [
 
 
 def test_tp2_export_and_sequence_parallel_router_replay(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=tp2_worker.rank_main, args=(r, 2, port, str(tmp_path))) for r in range(2)]
     for p in procs:

@@ -22,7 +22,6 @@ import pytest
 from sglang_pipeline_check import (
     TINY,
     check_run,
-    free_port,
     install_recorder,
     other_init_checkpoint,
     run_config,
@@ -31,6 +30,7 @@ from sglang_pipeline_check import (
 from labrl.harness.config import build_run_config
 from labrl.harness.pipeline.runner import train
 from labrl.harness.samplers.sglang.launch import Supervisor, server_command
+from labrl.ports import free_port
 
 pytest.importorskip("sglang")
 

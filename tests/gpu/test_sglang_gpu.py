@@ -7,7 +7,6 @@ The 5-step pipeline run (``labrl train`` with ``sampler.kind: sglang``) is in
 
 from __future__ import annotations
 
-import socket
 import sys
 
 import numpy as np
@@ -20,6 +19,7 @@ from labrl.harness.models.routing import replay_routing
 from labrl.harness.samplers.sglang.launch import Supervisor, server_command
 from labrl.harness.samplers.sglang.sampler import SGLangSampler, SGLangSamplerConfig
 from labrl.harness.types import GenerateRequest, SamplingParams
+from labrl.ports import free_port
 
 pytest.importorskip("sglang")
 
@@ -30,9 +30,7 @@ def server(tmp_path_factory):
     model = build_gpt_model(TINY_MOE_QWEN3, seed=0)
     state = {k: v for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
     ckpt = export_hf_checkpoint(state, TINY_MOE_QWEN3, tmp / "hf")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd = server_command(
         str(ckpt), "127.0.0.1", port, ["--mem-fraction-static", "0.2", "--dtype", "float32"],
         launcher=f"{sys.executable} -m sglang.launch_server",

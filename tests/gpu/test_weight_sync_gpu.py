@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 
 import pytest
@@ -20,14 +19,9 @@ from weight_sync_support import MODELS, megatron_state
 
 from labrl.harness.models.hf_export import hf_weights
 from labrl.harness.samplers.sglang.dist import WeightBroadcaster, WeightReceiver, plan_buckets, receive_device
+from labrl.ports import free_port
 
 CFG = MODELS["qwen3_moe"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _bf16_state(device: str) -> dict[str, torch.Tensor]:
@@ -59,7 +53,7 @@ def _round_trip(backend: str, receiver_device: str, sender_device: str = "cuda:0
     """A bf16 update from ``sender_device`` through SGLang's rendezvous, in 64 KiB buckets."""
     tensors = hf_weights(_bf16_state(sender_device), CFG)
     names = list(tensors)
-    port = _free_port()
+    port = free_port()
     broadcaster, receiver = (
         WeightBroadcaster(sender_device),
         WeightReceiver(timeout_s=120, device=receiver_device),
@@ -127,7 +121,7 @@ async def test_sampler_distributed_update_over_nccl_to_the_fake_server(tmp_path)
     learner = _bf16_state("cuda:0")
     with ServerThread(server.app) as url:
         cfg = SGLangSamplerConfig(
-            urls=(url,), weight_transport="distributed", group_backend="nccl", master_port=_free_port(),
+            urls=(url,), weight_transport="distributed", group_backend="nccl", master_port=free_port(),
             group_timeout_s=120.0, bucket_mb=1 / 16, export_dtype="bfloat16",
         )  # fmt: skip
         async with make_sglang_sampler(cfg, CFG) as sampler:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import itertools
 import json
 import random
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,12 +67,6 @@ def parity_env():
     register(ENV_ID, entry_point="sglang_pipeline_check:ParityEnv")
     yield ENV_ID
     deregister(ENV_ID)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def other_init_checkpoint(model_cfg: Any, out_dir: Path, **export: Any) -> Path:

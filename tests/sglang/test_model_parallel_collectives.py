@@ -8,8 +8,6 @@
 
 from __future__ import annotations
 
-import socket
-
 import model_parallel_worker as worker
 import pytest
 import torch
@@ -19,19 +17,14 @@ from weight_sync_support import MODELS, megatron_state, model_parallel_shards
 from labrl.harness.learners import LearnerConfig, MegatronLearner
 from labrl.harness.learners.model_parallel import ModelParallelSizes, gather_full_state, sequence_parallel
 from labrl.harness.models.routing import from_megatron_layout
+from labrl.ports import free_port
 
 pytestmark = pytest.mark.timeout(400)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(target, args: tuple, tmp_path, world: int = 2) -> list[dict]:
     ctx = mp.get_context("spawn")
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=target, args=(r, world, port, *args)) for r in range(world)]
     for p in procs:
         p.start()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import sp_rank_worker
 import torch
@@ -16,6 +14,7 @@ from labrl.harness.models.routing import (
     scatter_sequence_parallel,
     to_megatron_layout,
 )
+from labrl.ports import free_port
 
 B, T, L, K = sp_rank_worker.B, sp_rank_worker.T, sp_rank_worker.L, sp_rank_worker.K
 _routes = sp_rank_worker.routes
@@ -53,9 +52,7 @@ def test_scatter_refuses_lengths_not_divisible_by_the_sp_size():
 
 @pytest.mark.timeout(300)
 def test_all_gather_over_a_gloo_group_matches_the_whole_sequence():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = [ctx.Process(target=sp_rank_worker.rank_main, args=(r, 2, port, out)) for r in range(2)]

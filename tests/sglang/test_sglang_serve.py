@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
 import threading
 
@@ -25,6 +24,7 @@ from labrl.harness.samplers.sglang.dist import WeightBroadcaster
 from labrl.harness.samplers.sglang.launch import Supervisor, server_command
 from labrl.harness.samplers.sglang.sampler import SGLangSampler, SGLangSamplerConfig
 from labrl.harness.types import GenerateRequest, SamplingParams
+from labrl.ports import free_port, free_restart_port
 
 SMALL = TINY_MOE_QWEN3.model_copy(
     update={
@@ -75,6 +75,17 @@ def test_cli_dry_run(capsys):
     )
 
 
+@pytest.mark.parametrize(
+    ("port", "restarts", "warned"), [(30000, "3", False), (44819, "3", True), (44819, "0", False)]
+)
+def test_cli_warns_when_a_restarted_server_could_lose_its_port(capsys, monkeypatch, port, restarts, warned):
+    monkeypatch.setattr("labrl.commands.serve.ephemeral_port_range", lambda: (32768, 60999))
+    argv = ["serve", "sglang", "--model", "/m", "--port", str(port), "--max-restarts", restarts]
+    assert main([*argv, "--launcher", "L", "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert ("ephemeral range 32768-60999" in err) == warned
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_supervised_fake_server_end_to_end(tmp_path):
@@ -82,7 +93,7 @@ async def test_supervised_fake_server_end_to_end(tmp_path):
     model = build_gpt_model(SMALL, seed=3)
     state = {k: v for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
     ckpt = export_hf_checkpoint(state, SMALL, tmp_path / "v0")
-    port = _free_port()
+    port = free_restart_port()  # killed and restarted on this port below
     url = f"http://127.0.0.1:{port}"
     sup = Supervisor(
         server_command(str(ckpt), "127.0.0.1", port, [], launcher=FAKE), url, ready_timeout_s=180
@@ -116,7 +127,7 @@ async def test_supervised_fake_server_end_to_end(tmp_path):
             assert res2.logprobs_T != res.logprobs_T
         # the distributed transport: this process broadcasts over a gloo group the server joined
         dcfg = cfg.model_copy(
-            update={"weight_transport": "distributed", "group_backend": "gloo", "master_port": _free_port()}
+            update={"weight_transport": "distributed", "group_backend": "gloo", "master_port": free_port()}
         )
         to_hf = lambda w: hf_weights(w, SMALL)  # noqa: E731  (HF names: what SGLang's load_weights maps)
         async with SGLangSampler(dcfg, broadcaster=WeightBroadcaster(), to_hf=to_hf) as sampler:
@@ -135,12 +146,6 @@ async def test_supervised_fake_server_end_to_end(tmp_path):
         sup.max_restarts = 0
         sup.stop()
         runner.join(timeout=30)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def _sleep(seconds: float, runner: threading.Thread) -> None:

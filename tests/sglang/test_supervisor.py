@@ -15,6 +15,13 @@ import pytest
 
 from labrl.errors import SamplerError
 from labrl.harness.samplers.sglang.launch import Supervisor, wait_port_free
+from labrl.ports import (
+    LINUX_DEFAULT_EPHEMERAL,
+    ephemeral_port_range,
+    free_port,
+    free_restart_port,
+    restart_port_warning,
+)
 
 # Launch n (counted in a file) behaves as: 1 serves, then dies with code 7 after
 # its first health check; 2 dies at once with code 1 (as a bind error would);
@@ -38,14 +45,8 @@ http.server.ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_wait_port_free_returns_once_the_listener_closes():
-    port = _free_port()
+    port = free_port()
     holder = socket.socket()
     holder.bind(("127.0.0.1", port))
     holder.listen()
@@ -55,7 +56,7 @@ def test_wait_port_free_returns_once_the_listener_closes():
 
 
 def test_wait_port_free_times_out_with_a_clear_error():
-    port = _free_port()
+    port = free_port()
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", port))
         holder.listen()
@@ -64,7 +65,7 @@ def test_wait_port_free_times_out_with_a_clear_error():
 
 
 def test_a_failed_restart_counts_as_one_and_supervision_goes_on(tmp_path):
-    port = _free_port()
+    port = free_restart_port()
     cmd = [sys.executable, "-c", SERVER, str(tmp_path / "launches"), str(port)]
     sup = Supervisor(cmd, f"http://127.0.0.1:{port}", ready_timeout_s=20, max_restarts=3, grace_s=5)
     runner = threading.Thread(target=lambda: setattr(sup, "code", sup.run()), daemon=True)
@@ -86,3 +87,31 @@ def test_a_failed_restart_counts_as_one_and_supervision_goes_on(tmp_path):
         sup.stop()
         runner.join(timeout=10)
     assert not runner.is_alive() and sup.code == -15
+
+
+def test_ephemeral_port_range_reads_the_kernel_file_and_falls_back(tmp_path):
+    f = tmp_path / "range"
+    f.write_text("40000\t50000\n")
+    assert ephemeral_port_range(str(f)) == (40000, 50000)
+    f.write_text("garbage")
+    assert ephemeral_port_range(str(f)) == LINUX_DEFAULT_EPHEMERAL
+    assert ephemeral_port_range(str(tmp_path / "missing")) == LINUX_DEFAULT_EPHEMERAL
+
+
+@pytest.mark.parametrize(
+    ("port", "warned"),
+    [(30000, False), (32767, False), (32768, True), (44819, True), (60999, True), (61000, False)],
+)
+def test_restart_port_warning_flags_ports_the_kernel_may_hand_out(port, warned):
+    warning = restart_port_warning(port, LINUX_DEFAULT_EPHEMERAL)
+    assert (warning is not None) == warned
+    if warned:
+        assert f"port {port}" in warning and "32768-60999" in warning
+
+
+def test_free_restart_port_is_below_the_ephemeral_range_and_bindable():
+    port = free_restart_port()
+    assert 20000 <= port < ephemeral_port_range()[0]
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sglang_pipeline_check import free_port, other_init_checkpoint, run_config
+from sglang_pipeline_check import other_init_checkpoint, run_config
 
 from labrl.harness.backends import parts
 from labrl.harness.config import build_run_config
 from labrl.harness.pipeline import runner
+from labrl.ports import free_port
 from labrl.testing.fake_sglang_server import ServerThread, local_fake_server
 
 STEPS = 3

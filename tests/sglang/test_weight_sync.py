@@ -8,7 +8,6 @@ skips unknown names silently like it (``server.weights.skipped`` counts them):
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
 import textwrap
@@ -22,18 +21,13 @@ from labrl.harness.models.hf_export import export_hf_checkpoint, hf_weights
 from labrl.harness.samplers.sglang.dist import WeightBroadcaster
 from labrl.harness.samplers.sglang.sampler import SGLangSampler, SGLangSamplerConfig, make_sglang_sampler
 from labrl.harness.types import GenerateRequest, SamplingParams
+from labrl.ports import free_port
 from labrl.testing.fake_sglang_server import ServerThread, local_fake_server
 
 pytestmark = [pytest.mark.timeout(240)]
 
 CFG = MODELS["qwen3_moe"]
 PROMPT = (1, 2, 3, 4, 5)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def assert_all_loaded(server) -> None:
@@ -45,7 +39,7 @@ def _config(url: str, **overrides) -> SGLangSamplerConfig:
         "urls": (url,),
         "weight_transport": "distributed",
         "group_backend": "gloo",
-        "master_port": _free_port(),
+        "master_port": free_port(),
         "group_timeout_s": 60.0,
     }
     return SGLangSamplerConfig(**(base | overrides))
@@ -138,7 +132,7 @@ async def test_wrong_group_name_fails_within_the_timeout(served_model):
 
 async def test_server_restart_rebuilds_the_group(served_model):
     learner = megatron_state(CFG, seed=0)
-    port = _free_port()
+    port = free_port()
     first = local_fake_server(served_model, group_timeout_s=60)
     thread = ServerThread(first.app, port=port)
     url = thread.start()

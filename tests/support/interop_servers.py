@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from labrl.lab_adapters.mock.process import free_port
+from labrl.ports import free_port
 
 DOCS = Path(__file__).parents[2] / "docs" / "interop.md"
 STARTUP_TIMEOUT_S = 120.0  # the xrd envs load their phase library before the server answers

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from labrl.lab_adapters.mock.server import MockLabConfig, create_app
+from labrl.ports import free_port
 
 
 @contextmanager
@@ -21,9 +21,7 @@ def serve_mock_lab(
     asgi = create_app(
         MockLabConfig(state_dir=state_dir, latency_median_s=latency_median_s, latency_sigma=latency_sigma)
     )
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(asgi, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1)
     )

@@ -181,12 +181,6 @@ def create_app(config: MockJudgeConfig | None = None) -> Any:
     return app
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
 class RunningMockJudge(BaseModel):
     model_config = ConfigDict(arbitrary_types_allowed=True)
 

@@ -18,6 +18,11 @@ then SIGKILL after a grace period) on exit. Before a restart it kills what is
 left of the dead server's process group and waits for the port to be free
 (a dying child can still hold the listening socket); a restart that fails to
 come up counts as one of the ``max_restarts`` rather than ending supervision.
+A restart reuses the port clients know, so a port inside the kernel's
+ephemeral range (``labrl.ports``) can be taken by any process's
+outgoing connection or ``bind(0)`` while the server is down; SGLang's
+default, 30000, lies below Linux's default range and ``labrl serve`` warns
+about one inside it.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from labrl.lab_adapters.mock import free_port
+from labrl.ports import free_port
 
 HERE = Path(__file__).parent
 STARTUP_TIMEOUT_S = 60.0

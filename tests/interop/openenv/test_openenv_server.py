@@ -167,7 +167,8 @@ def test_a_lab_episode_against_the_in_process_mock_lab():
 
 
 def test_a_lab_refusing_the_key_stops_the_session_unscored(tmp_path):
-    from labrl.lab_adapters.mock.process import MockLabConfig, MockLabProcess, free_port
+    from labrl.lab_adapters.mock.process import MockLabConfig, MockLabProcess
+    from labrl.ports import free_port
 
     config = MockLabConfig(state_dir=tmp_path / "lab", port=free_port(), latency_median_s=0.05)
     with MockLabProcess(config, token="the-lab-token") as lab:

@@ -176,7 +176,8 @@ def test_sessions_beyond_the_cap_are_refused_with_retry_after(fixture_envs):
 
 
 def test_a_lab_refusing_the_key_stops_the_session_unscored(tmp_path):
-    from labrl.lab_adapters.mock.process import MockLabConfig, MockLabProcess, free_port
+    from labrl.lab_adapters.mock.process import MockLabConfig, MockLabProcess
+    from labrl.ports import free_port
 
     env_id = "lab/synthesis-v0"
     config = MockLabConfig(state_dir=tmp_path / "lab", port=free_port(), latency_median_s=0.05)
