@@ -182,6 +182,32 @@ def test_a_phase_that_only_soaks_up_profile_misfit_is_refused_on_foreign_data():
     assert set(identify(pattern, **kw, options=independent).best.ids) == {"Fe2O3_167_hR10", "Fe_229_cI2"}
 
 
+def test_a_measured_background_is_not_left_to_a_broadened_extra_phase():
+    """Foreign benchmark seed 5075: MgO with 5 % NiO, Kα1 only, a background a quartic cannot follow.
+    Under the envs' quartic a maximally broadened Mg (12 nm, ε 0.004) soaks up the misfit and is
+    called significant; identify's background (``MEASURED_BACKGROUND_DEGREE``) leaves it out."""
+    from labrl.testing.foreign_xrd import random_mixture
+    from labrl.verifiers.xrd.identify import MEASURED_BACKGROUND_DEGREE, IdentifyOptions
+    from labrl.verifiers.xrd.readers import MeasuredPattern
+
+    mix = random_mixture(5075, "CuKa1")
+    assert set(mix.shares) == {"MgO", "NiO"} and mix.shares["NiO"] == pytest.approx(0.051, abs=0.001)
+    pattern = MeasuredPattern(two_theta=mix.two_theta, intensity=mix.counts, sigma=mix.counts**0.5, source={})
+    kw = {"wavelength": mix.wavelength, "elements": mix.elements, "top": 2}
+    assert set(identify(pattern, **kw).best.ids) == {"MgO_225_cF8", "NiO_225_cF8"}
+    default = IdentifyOptions().fit
+    assert default.background_degree == MEASURED_BACKGROUND_DEGREE > FitConfig().background_degree
+    quartic = IdentifyOptions(
+        fit=default.model_copy(update={"background_degree": FitConfig().background_degree})
+    )
+    extra = identify(pattern, **kw, options=quartic).best
+    assert set(extra.ids) == {"MgO_225_cF8", "NiO_225_cF8", "Mg_194_hP2"}
+    mg = next(p for p in extra.phases if p.id == "Mg_194_hP2")
+    assert mg.crystallite_nm == min(default.v1.size_grid_nm) and mg.microstrain == max(
+        default.v1.microstrain_grid
+    )
+
+
 def test_identify_leaves_out_solids_that_exist_only_cold_unless_asked(capsys):
     from labrl.verifiers.xrd.identify import candidate_phases, solid_at_ambient
 

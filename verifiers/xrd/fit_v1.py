@@ -40,8 +40,9 @@ Reward::
 
     χ² = Σ w (y − ŷ)² = Rwp² Σ w y²,      χ²_ν = χ² / (n − n_params)
     quality   = clip( 1 − (Rwp² − Rexp²) / (Rwp_bg² − Rexp²), 0, 1 )
-    χ²_ν(p)   = max( 1, χ²_ν, (n/(n − n_params)) Σ_i P_p,i r_i² / Σ_i P_p,i )   (r: weighted residual)
     U_p       = { i : S_p P_p,i > Σ_{q≠p} S_q P_q,i }       (where p's own lines dominate)
+    Q_p,i     = P_p,i [i ∈ U_p]   (P_p,i when U_p is empty or ``unique_lines`` is off)
+    χ²_ν(p)   = max( 1, χ²_ν, (n/(n − n_params)) Σ_i Q_p,i r_i² / Σ_i Q_p,i )   (r: weighted residual)
     Δχ²_p     = min( Σ_{i∈U_p} ( r_i,without p² − r_i² ),  χ²_without p − χ² )
     F_p       = ( Δχ²_p / k_p ) / χ²_ν(p)                   (significance of phase p)
     superfluous: F_p ≤ F⁻¹_{k_p, n − n_params}( 1 − ``significance_level`` )
@@ -53,8 +54,10 @@ Reward::
 χ² minus its expectation n − n_params) that the phases explain. Δχ²_p is the rise of
 χ² when p is removed, counted only over the points where p's fitted contribution
 exceeds all other phases' together (its own lines) and never above the rise over the
-whole scan; χ²_ν(p) is the misfit scale where p has intensity (the profile-weighted
-mean of r², at least the global χ²_ν and at least 1, pure counting noise). F_p is an
+whole scan; χ²_ν(p) is the misfit scale over the same points (the profile-weighted
+mean of r² there, at least the global χ²_ν and at least 1, pure counting noise), so a
+minor phase whose other lines sit under a major phase's misfit is not measured against
+that misfit. F_p is an
 F-test (Hamilton's R-ratio test on Rwp) of the k_p parameters of phase p (scale,
 lattice, size, strain, and B when refined): if p were absent, its k_p parameters would
 lower χ² by counting noise alone, k_p F_p ~ χ²(k_p), i.e. F_p ~ F(k_p, n − n_params); a phase is kept
@@ -132,7 +135,7 @@ MAX_SERIAL_RHO = 0.6
 
 
 def serial_inflation(resid: np.ndarray, profile: np.ndarray) -> np.ndarray:
-    """c_p = (1 + ρ_p) / (1 − ρ_p) ≥ 1, ρ_p the profile-weighted lag-1 autocorrelation of the residual.
+    """c_p = (1 + ρ_p) / (1 − ρ_p) ≥ 1, ρ_p the lag-1 autocorrelation of the residual weighted by ``profile``.
 
         ρ_p = Σ_i ½(P_p,i + P_p,i+1) r_i r_i+1 / Σ_i P_p,i r_i²,   clipped to [0, ``MAX_SERIAL_RHO``]
 
@@ -324,12 +327,8 @@ def fit_phases_v1(
         # residual), at least the global one; a phase that only soaks up the misfit of another
         # phase's peaks sits where this is large
         profile = np.column_stack(cols)  # (n, P)
-        local = (resid**2 @ profile) / np.maximum(profile.sum(axis=0), 1e-300)  # (P,)
-        # never below counting noise (1): so a significant phase always lowers χ² by more than k_p
-        local = np.maximum(local * len(grid) / dof, max(chi2_nu, 1.0))
-        if opts.serial_correlation:
-            local = local * serial_inflation(resid, profile)
         gain = [problem.norm * r**2 - chi2 for r in without]
+        region = profile  # (n, P) where each phase's Δχ² and misfit scale are measured
         if opts.unique_lines:
             # Δχ² counted only where p's fitted contribution exceeds all the other phases' together
             contrib = profile * scale_arr  # (n, P)
@@ -337,6 +336,15 @@ def fit_phases_v1(
             for i in range(n_phase):
                 resid_without = problem.solve(np.delete(design, i, axis=1))[2]
                 gain[i] = min(gain[i], float((resid_without**2 - resid**2)[unique[:, i]].sum()))
+            # the misfit scale over the same points: a minor phase's lines under a major phase's
+            # misfit would otherwise borrow that phase's misfit as their own noise
+            own = profile * unique
+            region = np.where(own.sum(axis=0) > 0, own, profile)
+        local = (resid**2 @ region) / np.maximum(region.sum(axis=0), 1e-300)  # (P,)
+        # never below counting noise (1): so a significant phase always lowers χ² by more than k_p
+        local = np.maximum(local * len(grid) / dof, max(chi2_nu, 1.0))
+        if opts.serial_correlation:
+            local = local * serial_inflation(resid, region)
         significance = {
             pid: float(g / params_per_phase / nu) for pid, g, nu in zip(ids, gain, local, strict=True)
         }

@@ -18,7 +18,10 @@
    The best fitted set is then also fitted with each of the ``n_extend`` best screened
    phases added (the broadened search columns can prefer a near-twin of the right phase),
    and everything is ranked again.
-   The RL env's label-free verifier runs the same fit (``FitConfig(version="v1")``).
+   The RL env's label-free verifier runs the same fit (``FitConfig(version="v1")``) with a
+   quartic background (its patterns come from labrl's simulator); ``identify`` fits a measured
+   pattern's background with degree ``MEASURED_BACKGROUND_DEGREE`` and inflates each phase's
+   misfit scale by the residuals' serial correlation (``FitV1Options.serial_correlation``).
 
 One answer per phase set: a fitted set is reduced to its phases that are significant
 (``fit_v1``'s F-test) and above 0.0 % (``ZERO_FRACTION``), refitted until nothing more
@@ -183,6 +186,14 @@ class IdentifyResult:
         }
 
 
+#: Chebyshev degree of a measured pattern's background. The envs' quartic (``FitConfig``) fits
+#: labrl's simulated backgrounds; a measured one also carries an amorphous or air-scatter hump a
+#: few degrees wide, which a quartic over a 70° scan leaves in the residual, where a phase with
+#: maximally broadened lines then soaks it up (foreign set: 10 of 16 misses were such extras).
+#: Degree 8 follows features ~8° wide and still not a Bragg line (< 1°).
+MEASURED_BACKGROUND_DEGREE = 8
+
+
 class IdentifyOptions:
     """Search settings (plain keyword arguments of ``identify``)."""
 
@@ -207,8 +218,13 @@ class IdentifyOptions:
         self.n_fit = n_fit
         self.n_extend = n_extend
         self.screen_crystallite_nm = screen_crystallite_nm
-        # a measured profile is never exactly the model's: correlated misfit is not counting noise
-        self.fit = fit or FitConfig(version="v1", v1=FitV1Options(serial_correlation=True))
+        # a measured profile is never exactly the model's: correlated misfit is not counting noise;
+        # and its background is not a quartic (module docstring: MEASURED_BACKGROUND_DEGREE)
+        self.fit = fit or FitConfig(
+            version="v1",
+            background_degree=MEASURED_BACKGROUND_DEGREE,
+            v1=FitV1Options(serial_correlation=True),
+        )
         self.monochromator_two_theta = monochromator_two_theta  # degrees; None: no monochromator
         self.ambient = ambient  # library candidates: only phases solid at room temperature (solid_at_ambient)
 
