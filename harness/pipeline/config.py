@@ -81,4 +81,9 @@ class PipelineSection(BaseModel):
                 f"pipeline.group_size={self.group_size} exceeds pipeline.max_concurrent_episodes="
                 f"{self.max_concurrent_episodes}: a group's episodes run at once; raise max_concurrent_episodes"
             )
+        if self.retry_all_wrong and not self.dynamic_sampling:
+            raise ValueError(
+                f"pipeline.retry_all_wrong={self.retry_all_wrong} needs pipeline.dynamic_sampling: true; "
+                "with it off an all-wrong group is trained (zero advantage), never dropped, so never retried"
+            )
         return self

@@ -41,6 +41,14 @@ def test_bad_values_fail_before_anything_is_written(config, tmp_path, capsys, ov
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml"]  # no run dir, no config.yaml
 
 
+def test_retrying_all_wrong_groups_without_dynamic_sampling_is_refused(config, tmp_path, capsys):
+    """With dynamic sampling off an all-wrong group is trained, never dropped: the retry would never run."""
+    assert main(["train", str(config), "pipeline.retry_all_wrong=2", "pipeline.dynamic_sampling=false"]) == 2
+    err = capsys.readouterr().err
+    assert "pipeline.retry_all_wrong=2 needs pipeline.dynamic_sampling: true" in err and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml"]
+
+
 def test_an_unknown_env_option_fails_before_anything_is_written(config, tmp_path, capsys):
     assert main(["train", str(config), "env.options={no_such_option: 1}"]) == 2
     assert "no_such_option" in capsys.readouterr().err
