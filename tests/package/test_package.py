@@ -196,6 +196,7 @@ def test_the_mock_imports_only_public_lab_contracts():
         "labrl.verifiers.xrd",
         "labrl.errors",
         "labrl.offload",
+        "labrl.ports",
         "labrl.sqlite_thread",
         "labrl.cli",
     )
