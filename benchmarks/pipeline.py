@@ -13,6 +13,12 @@ the speed-up sync / pipeline.
     .venv/bin/python benchmarks/pipeline.py                 # 60 steps: ~25 min on 2 cores
     .venv/bin/python benchmarks/pipeline.py --steps 2 --latency-p50 0.05 --out /tmp/p.json  # smoke
     .venv/bin/python benchmarks/pipeline.py --steps 30 --modes pipeline --out /tmp/tail.json  # the staleness tail only
+    .venv/bin/python benchmarks/pipeline.py --steps 6 --trace-cost 2 --out /tmp/traces.json  # episodes.jsonl's cost
+
+``--trace-cost N`` runs pipeline mode 2N times instead, alternating
+``pipeline.episode_traces`` off and on (each run into a fresh run directory, so
+both write trained.jsonl and a final checkpoint alike), and reports the median
+wall seconds per trained sample of each and their ratio (on / off).
 
 Writes benchmarks/results/pipeline.json and pipeline.png. CPU is shared:
 compare the two modes of one run (a ratio), not absolute seconds across runs.
@@ -25,6 +31,9 @@ import asyncio
 import json
 import math
 import random
+import shutil
+import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -94,8 +103,14 @@ async def warm_start(args) -> dict:
     return {k: v.clone() for k, v in learner.model.state_dict().items() if isinstance(v, torch.Tensor)}
 
 
-async def run_mode(mode: str, args, init_state: dict) -> dict:
-    cfg = build_run_config(config(mode, args))
+async def run_mode(mode: str, args, init_state: dict, *, traces: bool | None = None) -> dict:
+    """One mode's run; ``traces`` on or off: into a fresh run directory, with ``episode_traces`` so set."""
+    data = config(mode, args)
+    run_dir = None
+    if traces is not None:
+        data["pipeline"]["episode_traces"] = traces
+        run_dir = tempfile.mkdtemp(prefix="labrl-trace-cost-")
+    cfg = build_run_config(data)
     torch.manual_seed(cfg.seed)
     tokenizer = ByteTokenizer()
     learner = build_learner(cfg)
@@ -107,14 +122,17 @@ async def run_mode(mode: str, args, init_state: dict) -> dict:
         make_env=lambda: LatencyEnv(make(cfg.env.id, **cfg.env.options), args.latency_p50),
         sampler=sampler, learner=learner, tokenizer=tokenizer,
         sampling=SamplingParams(max_new_tokens=cfg.sampler.max_new_tokens, temperature=1.0),
-        seed=cfg.seed, return_routed_experts=True, on_step=records.append,
+        seed=cfg.seed, return_routed_experts=True, on_step=records.append, run_dir=run_dir,
     )  # fmt: skip
     t0 = time.perf_counter()
     await orch.run()
     wall = time.perf_counter() - t0
     last = records[-3:]
+    if run_dir is not None:
+        shutil.rmtree(run_dir, ignore_errors=True)
     out = {
         "mode": mode,
+        "traces": traces,
         "wall_s": wall,
         "trained_samples": sum(r["samples/trained"] for r in records),
         "busy_learner": records[-1]["busy/learner"],
@@ -143,6 +161,28 @@ async def run_mode(mode: str, args, init_state: dict) -> dict:
     return out
 
 
+async def trace_cost(args, init_state: dict) -> None:
+    """Median wall seconds per trained sample with ``episode_traces`` off and on (module docstring)."""
+    runs = [
+        await run_mode("pipeline", args, init_state, traces=on)
+        for _ in range(args.trace_cost)
+        for on in (False, True)
+    ]
+    per_sample = {
+        on: statistics.median(r["wall_s"] / r["trained_samples"] for r in runs if r["traces"] is on)
+        for on in (False, True)
+    }
+    ratio = per_sample[True] / per_sample[False]
+    print(
+        f"\nwall per trained sample: traces off {per_sample[False] * 1e3:.1f} ms, on {per_sample[True] * 1e3:.1f} ms "
+        f"(median of {args.trace_cost} each); on / off = {ratio:.3f}"
+    )
+    Path(args.out).write_text(
+        json.dumps({"args": vars(args), "per_sample_s": {"off": per_sample[False], "on": per_sample[True]},
+                    "ratio": ratio, "runs": [{k: v for k, v in r.items() if k != "curve"} for r in runs]}, indent=2)
+    )  # fmt: skip
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=60)
@@ -151,6 +191,13 @@ async def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(RESULTS / "pipeline.json"))
     ap.add_argument(
+        "--trace-cost",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead of the modes: N pipeline runs with episode traces off and N on, alternating",
+    )
+    ap.add_argument(
         "--modes",
         default="sync,pipeline",
         help="comma-separated, of sync and pipeline; the speed-up needs both",
@@ -158,6 +205,9 @@ async def main() -> None:
     args = parse_with_threads(ap, default=1)
     RESULTS.mkdir(parents=True, exist_ok=True)
     init_state = await warm_start(args)
+    if args.trace_cost > 0:
+        await trace_cost(args, init_state)
+        return
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or set(modes) - {"sync", "pipeline"}:
         ap.error(f"--modes takes sync and/or pipeline (got {args.modes!r})")

@@ -158,6 +158,20 @@ class SamplerWrapper:
 
 
 @dataclass(frozen=True)
+class EpisodeTimeline:
+    """Where one episode's time went, call by call (``RUN_DIR/episodes.jsonl``, docs/planning.md).
+
+    ``generation_s[i]`` and ``generated_tokens[i]`` are policy turn ``i``'s sampler call;
+    ``env_s`` holds the env calls in order: ``reset`` first, then one ``step`` per turn, so
+    ``len(env_s) == len(generation_s) + 1`` unless the episode ended inside a turn.
+    """
+
+    generation_s: tuple[float, ...] = ()
+    generated_tokens: tuple[int, ...] = ()
+    env_s: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
 class Trajectory:
     """One episode as token-level training data.
 
@@ -182,6 +196,8 @@ class Trajectory:
     routed_experts_T_L_K: np.ndarray | None = None
     timings: dict[str, float] = field(default_factory=dict)  # generation_s, env_s, queue_s, ...
     info: dict[str, Any] = field(default_factory=dict)
+    # a class-level None default, so trajectories pickled before the field existed read None
+    timeline: EpisodeTimeline | None = None
 
     def __post_init__(self) -> None:
         n = len(self.tokens_T)

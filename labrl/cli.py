@@ -32,6 +32,10 @@ COMMAND_GROUPS: dict[str, tuple[str, str]] = {
     "judge": ("labrl.commands.judge", "rubric judges: run the mock judge, validate rubric task files"),
     "train": ("labrl.commands.train", "train a policy on an env: labrl train CONFIG [key=value ...]"),
     "report": ("labrl.commands.report", "plots and a summary of a run: labrl report RUN_DIR"),
+    "plan": (
+        "labrl.commands.plan",
+        "predicted steps/s and staleness of a few layouts: labrl plan CONFIG --from-run RUN_DIR",
+    ),
     "xrd": ("labrl.commands.xrd", "powder XRD: labrl xrd identify PATTERN [--cif A.cif ...]"),
 }
 

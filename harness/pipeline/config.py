@@ -66,6 +66,10 @@ class PipelineSection(BaseModel):
     torch_threads: int = Field(
         default=1, ge=1, le=MAX_TORCH_THREADS, description="intra-op threads for each of learner and sampler"
     )
+    episode_traces: bool = Field(
+        default=True,
+        description="write one line per episode (timings, versions, fate) to RUN_DIR/episodes.jsonl (docs/planning.md)",
+    )
     progress: bool = True
 
     @property

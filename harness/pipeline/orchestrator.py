@@ -79,6 +79,7 @@ from labrl.harness.pipeline.stats import (
     stall_message,
     token_staleness,
 )
+from labrl.harness.pipeline.traces import TRACE, EpisodeTraces, finished_record
 from labrl.harness.pipeline.weight_sync import WeightSync
 from labrl.harness.rollout.batching import collate
 from labrl.harness.rollout.play import rollout_group
@@ -181,6 +182,7 @@ class Orchestrator:
         self.metrics = StepStats(sampler)
         self._trained_log = JsonlWriter(self.run_dir / "trained.jsonl") if self.run_dir else None
         self.errors = ErrorLog(self.run_dir) if self.run_dir else None
+        self.traces = EpisodeTraces(self.run_dir) if self.run_dir and cfg.episode_traces else None
         self.evaluation = EvalOnTestSplit(
             make_env,
             tokenizer,
@@ -271,6 +273,8 @@ class Orchestrator:
                 self._trained_log.close()
             if self.errors is not None:
                 self.errors.close()
+            if self.traces is not None:
+                self.traces.close()
         if self._failure is not None:
             raise self._failure
         return self.summary()
@@ -343,18 +347,26 @@ class Orchestrator:
         try:
             start_version = self.sampler.version
             started = time.perf_counter()
+            start_s = self.metrics.wall_s()  # the clock of metrics.jsonl's time_s, for episodes.jsonl
             task = self._task_env.make_task("train", seed)
             sampling = self.sampling.model_copy(
                 update={"seed": sampling_seed(self.seed, index, self.cfg.group_size)}
             )
             trajectories = await self.play_group(index, task, sampling)
             processed = []
-            for t in trajectories:
+            for member, t in enumerate(trajectories):
                 t, flags = process_overlong(t, self.cfg.overlong, self.sampling.max_new_tokens)
                 self.metrics.record_overlong(flags)
+                if self.traces is not None:
+                    trace = finished_record(
+                        t, group=index, member=member, version_at_start=start_version, start_s=start_s
+                    )
+                    t = dataclasses.replace(t, info={**t.info, TRACE: trace})
                 processed.append(dataclasses.replace(t, group_id=f"g{index}"))
             group = Group(index, seed, processed, start_version, started, time.perf_counter())
             verdict = self.buffer.add(group)
+            if self.traces is not None:
+                self.traces.group_finished(group, verdict, steps_done=self.step)
             self.metrics.record_episodes(processed)
             if self.errors is not None:
                 self.errors.episodes(processed, step=self.step, phase="train")
@@ -441,6 +453,8 @@ class Orchestrator:
             self.trained_groups.extend(indices)
             if self._trained_log is not None:
                 self._trained_log.write({"step": self.step, "groups": indices})
+            if self.traces is not None:
+                self.traces.trained(groups, version_at_train=version, step=self.step)
             weights = await asyncio.to_thread(self.learner.export_weights)
             await self.weights.publish(weights, self.learner.version, episodes_in_flight=bool(self._inflight))
             record = self.metrics.step_record(

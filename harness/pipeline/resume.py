@@ -46,7 +46,10 @@ STEP_LOGS = {
     "trained.jsonl": "step",
     "eval.jsonl": "step",
     "errors.jsonl": "step",
+    "episodes.jsonl": "step",
 }
+# step-indexed logs that hold several records per step (the others keep one record per step)
+MANY_PER_STEP = frozenset({"errors.jsonl", "episodes.jsonl"})
 RESUMES_LOG = "resumes.jsonl"
 
 MARKED_IDENTITY = identity_fields(RunConfig)
@@ -164,8 +167,8 @@ def truncate_run_logs(run_dir: str | Path, step: int) -> dict[str, int]:
     """Keep each step-indexed log's records of steps <= ``step``, each step once; returns lines dropped per file.
 
     ``step`` is the checkpoint's step (-1 with no checkpoint: every stepped
-    record goes). ``errors.jsonl`` may hold several records per step, so only
-    its steps after ``step`` go; a record without a step (an internal error
+    record goes). ``errors.jsonl`` and ``episodes.jsonl`` hold several records per step,
+    so only their steps after ``step`` go; a record without a step (an internal error
     before training) is kept.
     """
     run_dir = Path(run_dir)
@@ -185,7 +188,7 @@ def truncate_run_logs(run_dir: str | Path, step: int) -> dict[str, int]:
             s = record.get(field)
             if s is not None and s > step:
                 continue
-            if name != "errors.jsonl" and s is not None:
+            if name not in MANY_PER_STEP and s is not None:
                 if s in seen:
                     continue
                 seen.add(s)

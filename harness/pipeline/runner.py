@@ -16,6 +16,7 @@ are), drives them with the ``Orchestrator`` and writes ``summary.json``
       eval.jsonl        one record per evaluation on the test split
       trained.jsonl     the group indices trained at each step
       errors.jsonl      failed episodes and internal errors, with tracebacks (errors_log)
+      episodes.jsonl    one line per episode: timings, versions, fate (traces; pipeline.episode_traces)
       resumes.jsonl     the tunable keys changed at each resume (resume)
       checkpoints/      step_N/{learner.pt, pipeline.pt} and `latest`
       summary.json      final numbers (also when a run stops early or stalls)

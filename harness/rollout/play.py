@@ -39,7 +39,14 @@ from labrl.envs.base import Env
 from labrl.envs.episode import Episode, EpisodeTruncated, run_episode
 from labrl.envs.types import Message, Task, ToolSpec
 from labrl.harness.tokenizer import Tokenizer
-from labrl.harness.types import NO_VERSION, GenerateRequest, Sampler, SamplingParams, Trajectory
+from labrl.harness.types import (
+    NO_VERSION,
+    EpisodeTimeline,
+    GenerateRequest,
+    Sampler,
+    SamplingParams,
+    Trajectory,
+)
 
 #: index of the group member whose episode runs in this asyncio task (None outside ``rollout_group``);
 #: lets infrastructure under the env (the Ray lab gateway) tell a group's episodes apart
@@ -58,6 +65,8 @@ class _Recorder:
     last_output: list[int] = field(default_factory=list)
     finish_reason: str = "stop"
     generation_s: float = 0.0
+    turn_generation_s: list[float] = field(default_factory=list)
+    turn_tokens: list[int] = field(default_factory=list)
     turns: int = 0
 
     def truncate(self, length: int) -> None:
@@ -128,7 +137,10 @@ async def rollout(
         )
         t0 = time.perf_counter()
         (result,) = await sampler.generate([request])
-        rec.generation_s += time.perf_counter() - t0
+        generation_s = time.perf_counter() - t0
+        rec.generation_s += generation_s
+        rec.turn_generation_s.append(generation_s)
+        rec.turn_tokens.append(len(result.output_ids))
         if result.finish_reason == "abort":
             # The prompt left no room to generate: the conversation outgrew the context. The turn
             # that did not fit is dropped and the episode ends truncated, as a generation that hit
@@ -166,6 +178,11 @@ async def rollout(
         routed_experts_T_L_K=rec.routed,
         timings={"generation_s": rec.generation_s, "env_s": episode.timings["env_s"], "wall_s": wall},
         info={**_error_info(episode), **episode_labels(env, episode)},
+        timeline=EpisodeTimeline(
+            generation_s=tuple(rec.turn_generation_s),
+            generated_tokens=tuple(rec.turn_tokens),
+            env_s=(episode.timings["reset_s"], *(t.env_s for t in episode.turns)),
+        ),
     )
 
 

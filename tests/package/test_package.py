@@ -164,6 +164,37 @@ def test_a_run_is_assembled_without_a_cycle():
     assert offenders == []
 
 
+def test_planning_sits_beside_the_run_and_nothing_that_runs_imports_it():
+    """harness/planning reads the pipeline's rules and a run's files; a run never needs the planner."""
+    offenders = []
+    for folder in (
+        "harness/pipeline",
+        "harness/backends",
+        "harness/rollout",
+        "harness/samplers",
+        "harness/learners",
+    ):
+        for path in (ROOT / folder).rglob("*.py"):
+            offenders += [
+                f"{path.relative_to(ROOT)}: {n}"
+                for n, _ in _imports(path)
+                if n.startswith("labrl.harness.planning")
+            ]
+    for path in (ROOT / "harness" / "planning").rglob("*.py"):
+        offenders += [
+            f"{path.relative_to(ROOT)}: {n}"
+            for n, _ in _imports(path)
+            if n.startswith(
+                (
+                    "labrl.harness.backends",
+                    "labrl.harness.pipeline.orchestrator",
+                    "labrl.harness.pipeline.runner",
+                )
+            )
+        ]
+    assert offenders == []
+
+
 MOCK = "labrl.lab_adapters.mock"
 #: the one place outside the mock that may start it: the lab envs' offline default (no ``lab_url``),
 #: imported inside the function that opens it, so an env talking to a real lab never loads the mock

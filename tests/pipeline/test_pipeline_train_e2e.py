@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
+import yaml
 from run_configs import replay_training
 
 from labrl.cli import main
 from labrl.harness.config import build_run_config
 from labrl.harness.pipeline.runner import train
+from labrl.harness.pipeline.traces import read_episode_traces
 
 TINY = {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 2, "ffn_hidden_size": 64,
         "moe_ffn_hidden_size": 32, "num_experts": 4, "max_sequence_length": 64}  # fmt: skip
@@ -55,6 +57,22 @@ async def test_train_writes_a_run_directory_resumes_and_reports(letter_env, tmp_
     trained = [g for x in (run / "trained.jsonl").read_text().splitlines() for g in json.loads(x)["groups"]]
     assert len(trained) == len(set(trained)) == 8
     assert len((run / "sft.jsonl").read_text().splitlines()) == 2
+    # episodes.jsonl: every trained episode once, across the resume, as metrics.jsonl counts them
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    traced = [t for t in read_episode_traces(run) if t["fate"] == "trained"]
+    assert len(traced) == sum(r["samples/trained"] for r in rows) == 32
+    assert {t["group"] for t in traced} == set(trained)
+    assert all(t["version_at_start"] <= t["token_versions"][0] <= t["version_at_train"] for t in traced)
+
+    # labrl plan calibrates from the real run's files
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(run_config(letter_env, tmp_path / "unused")))
+    assert main(["plan", str(config), "--from-run", str(run), "--steps", "20", "--top", "2"]) == 0
+    planned = capsys.readouterr().out
+    planned = planned[planned.index("calibrated: ") :].splitlines()
+    assert "keep rate" in planned[0] and "learner" in planned[1]
+    (own,) = [line for line in planned if line.startswith("* ") and "pipeline." in line]
+    assert "pipeline.max_concurrent_episodes=256 pipeline.max_staleness=2" in own
 
     assert main(["report", str(run)]) == 0
     out = capsys.readouterr().out

@@ -1,0 +1,148 @@
+"""``labrl plan``: simulate a handful of layouts of a run config, calibrated from a run, and rank them.
+
+The layouts are the run config with other values of the keys ``labrl train`` accepts as
+overrides: ``pipeline.max_staleness`` (``pipeline`` mode only: ``sync`` and
+``one_step_off`` fix it) and ``pipeline.max_concurrent_episodes``. Each is simulated
+(``simulate``) for ``steps`` learner steps at its closed-form rate (``model``); the table
+lists them by simulated steps/s with the closed form beside it, the learner's idle
+fraction, the staleness p50 / p99, the component that binds first, and flags a layout
+whose staleness p99 exceeds the config's bound (``effective_max_staleness``).
+
+The machine side comes from the calibrating run (``calibrate``): the learner's seconds per
+step, the sampler's tokens/s ``R`` and per-sequence rate ``r``; the sampler's slots are
+``R / r``, capped by ``sampler.local.max_batch_size`` for the local sampler. Env calls run
+as the harness runs them: one per open episode, so env slots are the layout's
+``max_concurrent_episodes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from labrl.harness.config import RunConfig
+from labrl.harness.pipeline.config import MAX_CONCURRENT_EPISODES
+from labrl.harness.planning.calibrate import EpisodeCalibration, MachineCalibration
+from labrl.harness.planning.model import Layout, SteadyState, steady_state
+from labrl.harness.planning.simulate import SimResult, simulate
+
+STALENESS_CHOICES = (1, 2, 4, 8)
+CONCURRENCY_FACTORS = (1, 2, 4)  # x the episodes of one batch, G x B
+
+
+@dataclass(frozen=True)
+class PlannedLayout:
+    overrides: dict[str, int]
+    layout: Layout
+    closed: SteadyState
+    simulated: SimResult
+    is_config: bool  # the layout the config already selects
+    over_bound: bool  # staleness p99 above the config's bound
+
+
+def kv_slots(cfg: RunConfig, machines: MachineCalibration, episodes: EpisodeCalibration) -> int:
+    """``R / r`` rounded, at least 1; at most ``sampler.local.max_batch_size`` for the local sampler."""
+    slots = max(1, round(machines.sampler_tokens_per_s / episodes.decode_tokens_per_s))
+    return min(slots, cfg.sampler.local.max_batch_size) if cfg.sampler.kind == "local" else slots
+
+
+def layout_of(
+    cfg: RunConfig, machines: MachineCalibration, slots: int, *, staleness: int, concurrency: int
+) -> Layout:
+    p = cfg.pipeline
+    return Layout(
+        sampler_tokens_per_s=machines.sampler_tokens_per_s,
+        kv_slots=slots,
+        env_slots=concurrency,
+        learner_step_s=machines.learner_step_s,
+        batch_groups=p.batch_groups,
+        group_size=p.group_size,
+        max_staleness=staleness,
+        max_concurrent_episodes=concurrency,
+    )
+
+
+def candidate_overrides(cfg: RunConfig) -> list[dict[str, int]]:
+    """The config's own values first, then every other combination of the choices."""
+    p = cfg.pipeline
+    batch = p.group_size * p.batch_groups
+    concurrency = [p.max_concurrent_episodes] + [
+        c
+        for f in CONCURRENCY_FACTORS
+        if (c := min(f * batch, MAX_CONCURRENT_EPISODES)) != p.max_concurrent_episodes
+    ]
+    if p.mode == "pipeline":
+        staleness = [p.max_staleness] + [s for s in STALENESS_CHOICES if s != p.max_staleness]
+    else:
+        staleness = [p.effective_max_staleness]
+    rows = []
+    for s in staleness:
+        for c in dict.fromkeys(concurrency):
+            if c < p.group_size:
+                continue
+            row = {"pipeline.max_concurrent_episodes": c}
+            if p.mode == "pipeline":
+                row["pipeline.max_staleness"] = s
+            rows.append(row)
+    return rows
+
+
+def plan(
+    cfg: RunConfig,
+    episodes: EpisodeCalibration,
+    machines: MachineCalibration,
+    *,
+    steps: int = 200,
+    seed: int = 0,
+) -> list[PlannedLayout]:
+    """Every candidate layout, simulated for ``steps`` learner steps; fastest first (module docstring)."""
+    slots = kv_slots(cfg, machines, episodes)
+    bound = cfg.pipeline.effective_max_staleness
+    workload = episodes.workload()
+    out = []
+    for i, overrides in enumerate(candidate_overrides(cfg)):
+        staleness = overrides.get("pipeline.max_staleness", bound)
+        lay = layout_of(
+            cfg,
+            machines,
+            slots,
+            staleness=staleness,
+            concurrency=overrides["pipeline.max_concurrent_episodes"],
+        )
+        closed = steady_state(workload, lay)
+        seconds = steps / closed.steps_per_s
+        result = simulate(episodes.episode, lay, seconds=seconds, mode=cfg.pipeline.mode, seed=seed)
+        out.append(PlannedLayout(overrides, lay, closed, result, i == 0, result.staleness_p99 > bound))
+    return sorted(out, key=lambda r: -r.simulated.steps_per_s)
+
+
+def format_plan(
+    rows: list[PlannedLayout],
+    episodes: EpisodeCalibration,
+    machines: MachineCalibration,
+    *,
+    bound: int,
+    top: int,
+) -> str:
+    """The calibration on two lines, then the ``top`` layouts (and the config's own, if not among them)."""
+    e, w = episodes, episodes.workload()
+    slots = rows[0].layout.kv_slots if rows else 0
+    lines = [
+        f"calibrated: {e.episodes} episodes in {e.groups} groups, keep rate {w.keep_rate:.2f}, "
+        f"{w.turns:.2f} turns x {w.tokens_per_turn:.0f} tokens, env {w.env_s_per_episode:.3f} s per episode",
+        f"machines: learner {machines.learner_step_s:.3f} s/step, sampler {machines.sampler_tokens_per_s:.0f} tokens/s "
+        f"over {slots} slots ({e.decode_tokens_per_s:.1f} tokens/s per sequence); staleness bound {bound}",
+        f"{'':2}{'steps/s':>9} {'(model)':>9} {'learner idle':>12} {'staleness p50/p99':>17}  {'binds (model)':<24} overrides",
+    ]
+    shown = rows[:top] + [r for r in rows[top:] if r.is_config]
+    for r in shown:
+        sim = r.simulated
+        mark = "*" if r.is_config else " "
+        flag = f"  ! p99 {sim.staleness_p99:g} > bound {bound}" if r.over_bound else ""
+        lines.append(
+            f"{mark:2}{sim.steps_per_s:9.4f} {r.closed.steps_per_s:9.4f} {sim.learner_idle:12.2f} "
+            f"{sim.staleness_p50:8g}/{sim.staleness_p99:<8g}  {r.closed.binding:<24} "
+            + " ".join(f"{k}={v}" for k, v in r.overrides.items())
+            + flag
+        )
+    lines.append("* the config's own layout; ! staleness p99 above the config's bound")
+    return "\n".join(lines)

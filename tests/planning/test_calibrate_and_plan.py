@@ -1,0 +1,87 @@
+"""Calibration from a fixture run's episodes.jsonl and metrics.jsonl, and ``labrl plan`` on it."""
+
+from __future__ import annotations
+
+import random
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from labrl.cli import main
+from labrl.errors import ConfigError
+from labrl.harness.config import load_run_config
+from labrl.harness.planning.calibrate import calibrate_run
+from labrl.harness.planning.plan import candidate_overrides, kv_slots
+
+FIXTURES = Path(__file__).parent / "fixtures"
+RUN = FIXTURES / "run"
+CONFIG = FIXTURES / "plan.yaml"
+# the fixture: 10 groups of 4; member m plays 1 + m % 2 turns of 20 tokens in 0.5 s each, a 0.1 s reset
+# and steps of STEP_S[m] s; groups 0-6 trained, 7 and 9 zero-variance, 8 untrainable
+STEP_S = [0.2, 0.4, 0.8, 1.6]
+
+
+def test_the_latency_distribution_is_the_traced_one():
+    episodes, _ = calibrate_run(RUN)
+    per_group = [0.1, STEP_S[0], 0.1, STEP_S[1], STEP_S[1], 0.1, STEP_S[2], 0.1, STEP_S[3], STEP_S[3]]
+    assert Counter(episodes.episode.env_s.values) == Counter(per_group * 10)  # type: ignore[attr-defined]
+    assert sorted(set(episodes.episode.turns.values)) == [1, 2]  # type: ignore[attr-defined]
+    rng = random.Random(0)
+    draws = [episodes.episode.env_s.sample(rng) for _ in range(100_000)]
+    assert sum(draws) / len(draws) == pytest.approx(sum(per_group) / len(per_group), rel=0.01)
+    assert sum(d == 1.6 for d in draws) / len(draws) == pytest.approx(0.2, abs=0.01)
+
+
+def test_rates_keep_rate_and_the_learner_from_the_fixture():
+    episodes, machines = calibrate_run(RUN)
+    assert (episodes.episodes, episodes.groups) == (40, 10)
+    assert episodes.episode.keep_rate == pytest.approx(0.7)
+    assert episodes.decode_tokens_per_s == pytest.approx(40.0)  # 20 tokens in 0.5 s
+    w = episodes.workload()
+    assert (w.turns, w.tokens_per_turn) == pytest.approx((1.5, 20.0))
+    assert w.env_s_per_episode == pytest.approx(2.5 * 0.54)  # (turns + 1) env calls of mean 0.54 s
+    assert machines.learner_step_s == pytest.approx(0.4 * 35.0 / 7)
+    assert machines.sampler_tokens_per_s == pytest.approx(40.0 / 0.5)
+    cfg = load_run_config(CONFIG)
+    assert kv_slots(cfg, machines, episodes) == 2
+    assert kv_slots(load_run_config(CONFIG, ["sampler.local.max_batch_size=1"]), machines, episodes) == 1
+
+
+def test_a_run_without_traces_is_a_config_error(tmp_path):
+    shutil.copy(RUN / "metrics.jsonl", tmp_path / "metrics.jsonl")
+    with pytest.raises(ConfigError, match="episode_traces"):
+        calibrate_run(tmp_path)
+
+
+def test_candidates_are_the_config_first_then_other_values_the_config_accepts():
+    cfg = load_run_config(CONFIG)
+    rows = candidate_overrides(cfg)
+    assert rows[0] == {"pipeline.max_concurrent_episodes": 8, "pipeline.max_staleness": 2}
+    assert {r["pipeline.max_staleness"] for r in rows} == {1, 2, 4, 8}
+    assert {r["pipeline.max_concurrent_episodes"] for r in rows} == {4, 8, 16}  # 1, 2, 4 x G B = 4
+    for r in rows:
+        load_run_config(CONFIG, [f"{k}={v}" for k, v in r.items()])  # each is a config labrl train accepts
+    sync = candidate_overrides(load_run_config(CONFIG, ["pipeline.mode=sync"]))
+    assert all(set(r) == {"pipeline.max_concurrent_episodes"} for r in sync)  # sync fixes the bound at 0
+
+
+def test_labrl_plan_prints_ranked_layouts_and_flags_staleness_over_the_bound(capsys):
+    assert main(["plan", str(CONFIG), "--from-run", str(RUN), "--steps", "60", "--top", "3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("calibrated: 40 episodes in 10 groups, keep rate 0.70")
+    assert "learner 2.000 s/step, sampler 80 tokens/s over 2 slots" in out[1]
+    rows = [line for line in out[3:] if "pipeline." in line]
+    assert len(rows) == 4  # the top 3, and the config's own below them (it is not among the fastest)
+    rates = [float(line[2:].split()[0]) for line in rows[:3]]
+    assert rates == sorted(rates, reverse=True)
+    assert rows[-1].startswith("*") and "pipeline.max_staleness=2" in rows[-1]
+    flagged = [line for line in rows if "!" in line]
+    assert flagged and all("> bound 2" in line for line in flagged)
+    assert any("pipeline.max_staleness=8" in line for line in flagged)  # a looser bound runs staler
+
+
+def test_labrl_plan_refuses_a_missing_run(tmp_path, capsys):
+    assert main(["plan", str(CONFIG), "--from-run", str(tmp_path)]) != 0
+    assert "episodes.jsonl is missing" in capsys.readouterr().err
