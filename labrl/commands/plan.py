@@ -22,7 +22,7 @@ def add_parser(subparsers: Any) -> None:
         "--steps", type=int, default=100, help="learner steps to simulate per layout (default 100)"
     )
     p.add_argument("--top", type=int, default=5, help="layouts to print (default 5; the config's own always)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the simulated draws (default 0)")
     p.set_defaults(func=cmd_plan)
 
 
