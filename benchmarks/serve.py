@@ -91,7 +91,7 @@ class Load:
         return {"wait_s": self.wait_s, "turns": self.turns}
 
 
-#: the full run: about 2 min per protocol on 2 cores (fewer episodes where sessions are many)
+#: the full run: 100-160 s per protocol on the shared 2-core machine (fewer episodes where sessions are many)
 LOADS = (
     Load(sessions=1, episodes=5, wait_s=1.0),
     Load(sessions=100, episodes=5, wait_s=1.0),
