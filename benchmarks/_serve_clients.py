@@ -11,8 +11,8 @@ come back ``ok`` and the last one must end the episode, else the episode is an e
   slot opens a session per episode (its prompt read, as a harness reads it) and calls the
   ``wait`` tool.
 
-The protocol packages are imported when a client is built, through ``labrl.extras.import_extra``
-(one line naming the extra when missing).
+The protocol packages are imported where first used, through ``labrl.extras.import_extra`` (one
+line naming the extra when missing); ``require_protocol`` checks for one before anything starts.
 """
 
 from __future__ import annotations
