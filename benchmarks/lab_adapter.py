@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _results import save_histograms, write_json  # beside this script
+from _proc import cpu_seconds  # beside this script
+from _results import save_histograms, write_json
 
 from labrl.lab_adapters.job_journal import Journal
 from labrl.lab_adapters.journaled_lab import JournaledLab, JournaledLabConfig
@@ -40,8 +41,7 @@ TOKEN = "bench-token"
 def _server_cpu_s(lab: MockLabProcess) -> float:
     """CPU seconds (user + system) the mock server process has used so far."""
     assert lab.process is not None
-    fields = Path(f"/proc/{lab.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return cpu_seconds(lab.process.pid)
 
 
 async def run(

@@ -1,9 +1,10 @@
 """What the protocol servers' tests share (tests/interop/*): a ``labrl ... serve`` command run as a
-real subprocess on a free port, its health wait, and the commands of a docs/interop.md section,
-which the tests run as written."""
+real subprocess on a free port, its health wait, the commands of a docs/interop.md section,
+which the tests run as written, and ``benchmarks/serve.py`` imported as its script imports it."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import httpx
@@ -19,6 +21,7 @@ import httpx
 from labrl.ports import free_port
 
 DOCS = Path(__file__).parents[2] / "docs" / "interop.md"
+BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
 STARTUP_TIMEOUT_S = 120.0  # the xrd envs load their phase library before the server answers
 
 
@@ -109,3 +112,11 @@ def docs_python_block(heading: str) -> str:
     section = docs_section(heading)
     start = section.index("```python\n") + len("```python\n")
     return section[start : section.index("```", start)]
+
+
+def serve_benchmark() -> ModuleType:
+    """``benchmarks/serve.py`` as a module; benchmarks/ goes on ``sys.path`` (last) because the script
+    imports its helpers beside it by name, as ``python benchmarks/serve.py`` lets it."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.append(str(BENCHMARKS))
+    return importlib.import_module("serve")
