@@ -77,7 +77,7 @@ from labrl.harness.learners.config import LearnerConfig
 from labrl.harness.learners.model_parallel import gather_full_state, sequence_parallel
 from labrl.harness.learners.precision import adamw_with_precision
 from labrl.harness.models import device as dev
-from labrl.harness.models.build import build_gpt_model, causal_attention_mask, count_parameters
+from labrl.harness.models.build import build_gpt_model, causal_attention_mask, count_parameters, spec_choice
 from labrl.harness.models.routing import (
     from_megatron_layout,
     model_router_replays,
@@ -99,9 +99,15 @@ class MegatronLearner:
         caps = dev.detect_capabilities()
         self.device = dev.resolve_device(cfg.device, caps)
         self.dtype = dev.param_dtype(cfg.precision, self.device, parameters=cfg.model.parameter_count)
-        self.spec = dev.layer_spec(self.device, caps)
+        self.spec = spec_choice(cfg.model, cfg.parallel, self.device, self.dtype, cfg.experts, caps)
         self.model = build_gpt_model(
-            cfg.model, cfg.parallel, seed=cfg.seed, routing_replay=True, device=self.device, dtype=self.dtype
+            cfg.model,
+            cfg.parallel,
+            seed=cfg.seed,
+            routing_replay=True,
+            device=self.device,
+            dtype=self.dtype,
+            experts=cfg.experts,
         )
         self.model.train()
         # TP > 1: each rank routes its sequence slice; routes are gathered/scattered for record/replay
@@ -141,6 +147,7 @@ class MegatronLearner:
                 routing_replay=True,
                 device=self.device,
                 dtype=self.dtype,
+                experts=cfg.experts,
             )
             self.reference_model.train()  # the policy's mode, so equal weights give bit-equal log-probs
             self.reference_model.requires_grad_(False)
