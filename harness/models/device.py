@@ -185,7 +185,9 @@ def experts_module(
     ``auto``: ``TorchGroupedMLP`` (``labrl.harness.models.grouped_experts``, all experts in one
     ``grouped_mm``) on CUDA in bf16 without TE: torch runs bf16 ``grouped_mm`` as one CUTLASS
     kernel on SM90/SM100, where fp32 loops over the experts with a host sync as SequentialMLP
-    does. On CPU SequentialMLP (measured faster on the quickstart's model, docs/gpu.md).
+    does. On CPU SequentialMLP: on the quickstart's model a learner step takes the same time with
+    either and the experts' no-grad forward at training size is slower with grouped_mm
+    (``benchmarks/experts_cpu.py``, docs/gpu.md).
     megatron's legacy ``GroupedMLP`` (the ``grouped_gemm`` package) only where torch lacks
     ``grouped_mm``: it asserts bf16 and stores its weights under names the HF export does not map.
     ``sequential`` / ``grouped_mm`` choose the local spec's module as configured.
@@ -194,7 +196,8 @@ def experts_module(
         return _requested_experts(device, caps, requested, aligned)
     if device.type != "cuda":
         return ExpertsChoice(
-            "SequentialMLP", "CPU: one expert after another, faster here than grouped_mm (docs/gpu.md)"
+            "SequentialMLP",
+            "CPU: one expert after another; grouped_mm is no faster in the learner here (docs/gpu.md)",
         )
     if caps.transformer_engine:
         return ExpertsChoice("TEGroupedMLP", "TransformerEngine's grouped GEMM")
