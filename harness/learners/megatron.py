@@ -393,6 +393,7 @@ class MegatronLearner:
             raise LearnerError(f"cannot read checkpoint {path}: {exc}") from exc
         if state.get("config", {}).get("model") != self.config.model.model_dump(mode="json"):
             raise LearnerError(f"checkpoint {path} was written for a different model shape")
+        self._check_parameter_layout(path, state["optimizer"])
         result = self.model.load_state_dict(state["model"], strict=False)
         missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
         if missing or result.unexpected_keys:
@@ -415,6 +416,21 @@ class MegatronLearner:
         self.consecutive_skips = int(state.get("consecutive_skips", 0))
         self.policy_versions = dict(state.get("policy_versions", {}))
         torch.set_rng_state(state["rng"].cpu())
+
+    def _check_parameter_layout(self, path: str, optimizer_state: dict) -> None:
+        """The optimizer state (and the fp32 masters) hold one entry per parameter tensor.
+
+        The weights load across experts modules (same state-dict names), but SequentialMLP
+        holds two tensors per expert and layer where TorchGroupedMLP holds two per layer.
+        """
+        saved = sum(len(g["params"]) for g in optimizer_state["param_groups"])
+        have = sum(len(g["params"]) for g in self.optimizer.param_groups)
+        if saved != have:
+            raise LearnerError(
+                f"checkpoint {path}: optimizer state for {saved} parameter tensors, this learner has {have} "
+                f"({self.spec.experts.name} experts): it was written with the other experts module; resume "
+                "with learner.experts=sequential (SequentialMLP) or learner.experts=grouped_mm (TorchGroupedMLP)"
+            )
 
     def _load_reference(self, path: str, state: dict) -> None:
         ref = state.get("reference")

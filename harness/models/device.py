@@ -11,8 +11,8 @@ Decisions (CUDA, TE):
                    CPU                     CUDA, no TE                            CUDA + TE
 =================  ======================  =====================================  ======================
 layer spec         local                   local                                  TransformerEngine
-experts            SequentialMLP           bf16: TorchGroupedMLP (torch           TEGroupedMLP
-                                           grouped_mm); fp32: SequentialMLP
+experts            TorchGroupedMLP         bf16: TorchGroupedMLP (torch           TEGroupedMLP
+                   (torch grouped_mm)      grouped_mm); fp32: SequentialMLP
 token dispatcher   allgather               alltoall                               alltoall
 process group      gloo                    nccl                                   nccl
 param dtype auto   fp32                    bf16 (fp32 under 100M parameters)      same
@@ -183,35 +183,32 @@ def experts_module(
     """The experts module for parameters in ``dtype`` on ``device`` (``aligned``: ``grouped_mm_aligned``).
 
     ``auto``: ``TorchGroupedMLP`` (``labrl.harness.models.grouped_experts``, all experts in one
-    ``grouped_mm``) on CUDA in bf16 without TE: torch runs bf16 ``grouped_mm`` as one CUTLASS
-    kernel on SM90/SM100, where fp32 loops over the experts with a host sync as SequentialMLP
-    does. On CPU SequentialMLP: on the quickstart's model a learner step takes the same time with
-    either and the experts' no-grad forward at training size is slower with grouped_mm
-    (``benchmarks/experts_cpu.py``, docs/gpu.md).
+    ``grouped_mm``) wherever torch has ``grouped_mm`` and the shape is aligned, except CUDA in
+    fp32 and CUDA with TE. On CUDA torch runs bf16 ``grouped_mm`` as one CUTLASS kernel
+    (SM90/SM100) but fp32 as a loop over the experts with a host sync, what SequentialMLP does.
+    On CPU (fp32 or bf16) it was measured on the quickstart's model: a learner step as fast as
+    with SequentialMLP, a decode step faster (``benchmarks/experts_cpu.py``, docs/gpu.md).
     megatron's legacy ``GroupedMLP`` (the ``grouped_gemm`` package) only where torch lacks
     ``grouped_mm``: it asserts bf16 and stores its weights under names the HF export does not map.
     ``sequential`` / ``grouped_mm`` choose the local spec's module as configured.
     """
     if requested != "auto":
         return _requested_experts(device, caps, requested, aligned)
-    if device.type != "cuda":
-        return ExpertsChoice(
-            "SequentialMLP",
-            "CPU: one expert after another; grouped_mm is no faster in the learner here (docs/gpu.md)",
-        )
-    if caps.transformer_engine:
+    cuda = device.type == "cuda"
+    if cuda and caps.transformer_engine:
         return ExpertsChoice("TEGroupedMLP", "TransformerEngine's grouped GEMM")
     bf16 = dtype == torch.bfloat16
-    if bf16 and caps.torch_grouped_mm and aligned:
-        return ExpertsChoice("TorchGroupedMLP", "all experts in one torch grouped_mm (bf16)")
-    if bf16 and caps.grouped_gemm:
+    if caps.torch_grouped_mm and aligned and (bf16 or not cuda):
+        where = "bf16 on CUDA" if cuda else "CPU: as fast in a learner step, faster in decode, docs/gpu.md"
+        return ExpertsChoice("TorchGroupedMLP", f"all experts in one torch grouped_mm ({where})")
+    if cuda and bf16 and caps.grouped_gemm:
         return ExpertsChoice("GroupedMLP", "grouped GEMM from the grouped_gemm package (bf16)")
-    if not bf16:
-        why = f"{precision_name(dtype)}: torch's grouped_mm kernel is bf16"
-    elif not caps.torch_grouped_mm:
+    if not caps.torch_grouped_mm:
         why = "torch without grouped_mm (< 2.10)"
-    else:
+    elif not aligned:
         why = "hidden or expert FFN size not a multiple of 16 bytes, as grouped_mm needs"
+    else:
+        why = f"{precision_name(dtype)} on CUDA: torch's grouped_mm kernel is bf16"
     return ExpertsChoice("SequentialMLP", f"one expert after another ({why})")
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from labrl.errors import ConfigError
+from labrl.errors import ConfigError, LearnerError
 from labrl.harness.learners import LearnerConfig, MegatronLearner
 from labrl.harness.models import build_gpt_model, causal_attention_mask, get_preset
 from labrl.harness.models.hf_export import hf_weights
@@ -236,6 +236,11 @@ def test_learner_step_checkpoint_and_export_match_sequential(tmp_path, sampled_b
     assert list(e_grp) == list(e_seq)
     for k, v in e_seq.items():  # after one AdamW step: still the same weights
         torch.testing.assert_close(e_grp[k], v, atol=1e-6, rtol=1e-5)
+    seq.save_checkpoint(str(tmp_path / "seq.pt"))
+    with pytest.raises(LearnerError, match=r"resume with learner\.experts=sequential"):
+        MegatronLearner(LearnerConfig(model=SMALL, micro_batch_size=4, experts="grouped_mm")).load_checkpoint(
+            str(tmp_path / "seq.pt")
+        )
     grp.save_checkpoint(str(tmp_path / "grp.pt"))
     saved = torch.load(tmp_path / "grp.pt", weights_only=False)
     assert list(saved["model"]) == [k for k in seq.model.state_dict() if not k.endswith("_extra_state")]
