@@ -178,7 +178,7 @@ def _stack(weights: list[torch.Tensor]) -> torch.nn.Parameter:
         if hasattr(first, name):
             setattr(stacked, name, getattr(first, name))
     if hasattr(first, "partition_dim"):
-        stacked.partition_dim = first.partition_dim + 1
+        setattr(stacked, "partition_dim", first.partition_dim + 1)  # noqa: B010 - megatron's ad-hoc attribute
     return stacked
 
 

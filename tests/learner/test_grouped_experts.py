@@ -162,6 +162,27 @@ def test_probabilities_scale_each_tokens_output():
     torch.testing.assert_close(doubled[[0, 1, 2, 3, 5]], base[[0, 1, 2, 3, 5]])
 
 
+def test_a_transposed_output_gradient_is_accepted():
+    """grouped_mm's backward refuses unaligned gradient strides; the module hands it a contiguous one."""
+    grp = experts_of(pair()[1])
+    x = torch.randn(6, SMALL.hidden_size, requires_grad=True)
+    out, _ = grp(x, torch.tensor([2, 1, 0, 3, 0, 0, 0, 0]), torch.rand(6))
+    out.backward(torch.ones(SMALL.hidden_size, 6).T)  # strides (1, 6): 24 bytes
+    assert x.grad is not None and float(grp.weight2.grad.abs().sum()) > 0
+
+
+def test_parallel_attributes_follow_sequential_mlps():
+    """What the grad-norm reduction reads: allreduce (False under expert parallelism) and the TP flags."""
+    seq, grp = (experts_of(m) for m in pair())
+    for stacked, linear in (
+        (grp.weight1, seq.local_experts[0].linear_fc1),
+        (grp.weight2, seq.local_experts[0].linear_fc2),
+    ):
+        assert stacked.allreduce == linear.weight.allreduce
+        assert stacked.tensor_model_parallel == linear.weight.tensor_model_parallel
+        assert stacked.partition_dim == linear.weight.partition_dim + 1  # behind the new expert axis
+
+
 # -- names: state dict, checkpoint, HF export -----------------------------------------
 
 
@@ -295,6 +316,7 @@ def test_expert_parallel_over_gloo_matches_sequential(tmp_path):
         seq, grp = r["SequentialMLP"], r["TorchGroupedMLP"]
         assert (seq["type"], grp["type"]) == ("SequentialMLP", "TorchGroupedMLP")
         assert grp["state_keys"] == seq["state_keys"]
+        assert grp["allreduce"] == seq["allreduce"] == [False, False]  # expert-parallel weights
         assert len(grp["expert_grads"]) == 2 * worker.CFG.num_experts // 2  # 4 local experts, fc1 + fc2
         for key in ("out", "x_grad", "router_grad"):
             torch.testing.assert_close(grp[key], seq[key], **FP32_TOLERANCE)

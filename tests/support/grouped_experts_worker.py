@@ -57,12 +57,15 @@ def main(rank: int, world: int, port: int, out_dir: str) -> None:
         out, _ = layer(x)
         (out * weight).sum().backward()
         if experts == "SequentialMLP":
+            first = layer.experts.local_experts[0]
+            allreduce = [first.linear_fc1.weight.allreduce, first.linear_fc2.weight.allreduce]
             grads = {
                 f"local_experts.{e}.{name}": getattr(m, name).weight.grad
                 for e, m in enumerate(layer.experts.local_experts)
                 for name in ("linear_fc1", "linear_fc2")
             }
         else:
+            allreduce = [layer.experts.weight1.allreduce, layer.experts.weight2.allreduce]
             grads = {
                 f"local_experts.{e}.{name}": stacked.grad[e]
                 for e in range(layer.experts.num_local_experts)
@@ -79,6 +82,7 @@ def main(rank: int, world: int, port: int, out_dir: str) -> None:
             "expert_grads": grads,
             "state": {k: v for k, v in layer.state_dict().items() if isinstance(v, torch.Tensor)},
             "state_keys": list(layer.state_dict()),
+            "allreduce": allreduce,
         }
     torch.save(result, Path(out_dir) / f"rank{rank}.pt")
     dist.destroy_process_group()
