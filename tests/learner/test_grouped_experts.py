@@ -162,6 +162,38 @@ def test_probabilities_scale_each_tokens_output():
     torch.testing.assert_close(doubled[[0, 1, 2, 3, 5]], base[[0, 1, 2, 3, 5]])
 
 
+def test_probabilities_on_the_input_as_sequential_mlp_applies_them():
+    """``moe_apply_probs_on_input`` (top-1 only): inputs scaled by their probability, outputs not."""
+    import copy
+
+    seq, grp = (experts_of(m) for m in pair())
+    for module in (seq, grp):
+        module.config = copy.copy(module.config)
+        module.config.moe_apply_probs_on_input, module.config.moe_router_topk = True, 1
+    x, counts, probs = (
+        torch.randn(5, SMALL.hidden_size),
+        torch.tensor([2, 0, 3, 0, 0, 0, 0, 0]),
+        torch.rand(5),
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(grp(x, counts, probs)[0], seq(x, counts, probs)[0], **FP32_TOLERANCE)
+        assert not torch.allclose(grp(x, counts, probs)[0], grp(x, counts, torch.ones(5))[0])
+    grp.config.moe_router_topk = 2
+    with pytest.raises(ConfigError, match="moe_router_topk=1"):
+        grp(x, counts, probs)
+
+
+def test_what_it_does_not_compute_is_refused_at_build_time():
+    import copy
+
+    from labrl.harness.models.grouped_experts import TorchGroupedMLP
+
+    config = copy.copy(experts_of(pair()[1]).config)
+    config.add_bias_linear, config.bias_activation_fusion = True, True
+    with pytest.raises(ConfigError, match=r"add_bias_linear \(expert biases\), bias_activation_fusion"):
+        TorchGroupedMLP(8, config, submodules=None)
+
+
 def test_a_transposed_output_gradient_is_accepted():
     """grouped_mm's backward refuses unaligned gradient strides; the module hands it a contiguous one."""
     grp = experts_of(pair()[1])
