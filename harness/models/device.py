@@ -186,10 +186,10 @@ def experts_module(
     ``grouped_mm``) wherever torch has ``grouped_mm`` and the shape is aligned, except CUDA in
     fp32 and CUDA with TE. On CUDA torch runs bf16 ``grouped_mm`` as one CUTLASS kernel
     (SM90/SM100) but fp32 as a loop over the experts with a host sync, what SequentialMLP does.
-    On CPU (fp32 or bf16) it was measured on the quickstart's model: a learner step as fast as
-    with SequentialMLP, a decode step faster (``benchmarks/experts_cpu.py``, docs/gpu.md).
-    megatron's legacy ``GroupedMLP`` (the ``grouped_gemm`` package) only where torch lacks
-    ``grouped_mm``: it asserts bf16 and stores its weights under names the HF export does not map.
+    On CPU it was measured (fp32) on the quickstart's model: a learner step as fast as with
+    SequentialMLP, a decode step faster (``benchmarks/experts_cpu.py``, docs/gpu.md).
+    megatron's legacy ``GroupedMLP`` (the ``grouped_gemm`` package) only in bf16 where
+    TorchGroupedMLP cannot run (torch < 2.10, a misaligned shape): it asserts bf16 and stores its weights under names the HF export does not map.
     ``sequential`` / ``grouped_mm`` choose the local spec's module as configured.
     """
     if requested != "auto":
