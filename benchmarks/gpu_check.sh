@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check of labrl, on a CUDA node, in one command (docs/gpu.md):
-#   bash benchmarks/gpu_check.sh                 # GPU tests + learner/sampler benchmark
+#   bash benchmarks/gpu_check.sh                 # GPU tests + learner/sampler benchmark (the learner
+#                                                # with SequentialMLP and with TorchGroupedMLP experts)
 #   QUICKSTART_SEEDS="0 1 2" bash benchmarks/gpu_check.sh   # + the quickstart on CUDA, per seed
 #   QUICKSTART_TIMEOUT_S=300 ...   # stop each quickstart after 300 s (resumable; its metrics so far are kept)
 #   GPU_LEARNER_BENCH=0 ...        # skip benchmarks/gpu_learner.py (tests and quickstart only)
@@ -60,7 +61,8 @@ d = dev.resolve_device("auto", caps)
 print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name(0)}, "
       f"{torch.cuda.device_count()} GPU(s) visible")
 print(f"capabilities: {caps}")
-print(f"layer spec: {dev.layer_spec(d, caps)}")
+print(f"layer spec, fp32: {dev.layer_spec(d, caps, torch.float32)}")
+print(f"layer spec, bf16: {dev.layer_spec(d, caps, torch.bfloat16)}")  # the experts module differs
 print(f"workarounds: {dev.workarounds(d, caps)}")
 PY
 

@@ -13,6 +13,13 @@ MoE and a 64-expert top-8 MoE, 4 layers, hidden 2048, expert FFN 1024, vocab
   ``experts_implementation="grouped_mm"`` (what a TRL/FSDP user trains), same
   shape, forward + backward + AdamW.
 
+``labrl`` and ``megatron`` run once per experts module (``learner.experts``):
+``SequentialMLP`` (one expert after another: the rows measured before
+``TorchGroupedMLP``) and ``TorchGroupedMLP`` (all experts in one
+``torch.nn.functional.grouped_mm``, what ``auto`` picks on CUDA in bf16); the
+``labrl`` rows run in bf16 like the others. ``vs_same_experts`` is labrl over
+bare megatron-core with the same experts module.
+
 Per row: tokens/s, model TFLOP/s and MFU against the device's dense bf16 peak
 (FLOPs per token = 6 * active matmul parameters + 6 * layers * hidden * T for
 causal attention, the same count for every path; ``labrl`` also runs the
@@ -149,24 +156,32 @@ def row(name: str, cfg: MoEModelConfig, tokens: int, seconds: float, T: int, pea
     }
 
 
-def bench_labrl(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, peak) -> dict:
+EXPERTS = {"sequential": "SequentialMLP", "grouped_mm": "TorchGroupedMLP"}
+
+
+def bench_labrl(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, peak, experts: str) -> dict:
     torch.cuda.empty_cache()  # the previous path's tensors died with its function
     torch.cuda.reset_peak_memory_stats()
-    learner = MegatronLearner(LearnerConfig(model=cfg, micro_batch_size=mbs, router_replay=False))
+    learner = MegatronLearner(
+        LearnerConfig(model=cfg, micro_batch_size=mbs, router_replay=False, precision="bf16", experts=experts)
+    )
     batch = synthetic_batch(cfg, B, T)
     seconds = cuda_timed(lambda: learner.train_step(batch), repeats)
-    out = row("labrl MegatronLearner.train_step", cfg, B * T, seconds, T, peak)
+    out = row(f"labrl MegatronLearner.train_step, {EXPERTS[experts]}", cfg, B * T, seconds, T, peak)
     out["spec"] = learner.spec.name
+    out["experts"] = learner.spec.experts.name
     return out
 
 
-def bench_megatron(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, peak) -> dict:
+def bench_megatron(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, peak, experts: str) -> dict:
     from labrl.harness.models import build_gpt_model, causal_attention_mask
 
     torch.cuda.empty_cache()  # the previous path's tensors died with its function
     torch.cuda.reset_peak_memory_stats()
     device = torch.device("cuda")
-    model = build_gpt_model(cfg, routing_replay=False, device=device, dtype=torch.bfloat16).train()
+    model = build_gpt_model(
+        cfg, routing_replay=False, device=device, dtype=torch.bfloat16, experts=experts
+    ).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     tokens = torch.randint(0, min(cfg.vocab_size, 256), (B, T), device=device)
     positions = torch.arange(T, device=device).expand(mbs, T)
@@ -184,7 +199,9 @@ def bench_megatron(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, 
         opt.step()
 
     seconds = cuda_timed(step, repeats)
-    return row("bare megatron-core", cfg, B * T, seconds, T, peak)
+    out = row(f"bare megatron-core, {EXPERTS[experts]}", cfg, B * T, seconds, T, peak)
+    out["experts"] = EXPERTS[experts]
+    return out
 
 
 def bench_hf(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, peak) -> dict:
@@ -253,15 +270,27 @@ def gpu_part(repeats: int) -> dict:
     out: dict = {"device": torch.cuda.get_device_name(0), "bf16_peak_tflops": peak, "shapes": {}}
     for cfg, B, T, mbs in ((QUICKSTART_MODEL, 64, 200, 32), (BIG_MODEL, 16, 2048, 2)):
         rows = []
-        for bench in (bench_megatron, bench_labrl, bench_hf):
+        benches = [
+            (bench_megatron, "sequential"), (bench_labrl, "sequential"), (bench_hf, None),
+            (bench_megatron, "grouped_mm"), (bench_labrl, "grouped_mm"),
+        ]  # fmt: skip
+        for bench, experts in benches:
+            args = (cfg, B, T, mbs, repeats, peak) + ((experts,) if experts else ())
             try:
-                rows.append(bench(cfg, B, T, mbs, repeats, peak))
+                rows.append(bench(*args))
             except Exception as exc:  # one path failing must not hide the others' numbers
-                rows.append({"path": bench.__name__, "error": f"{type(exc).__name__}: {exc}"})
-        base = rows[0].get("tokens_per_s")
+                rows.append(
+                    {"path": f"{bench.__name__} {experts or ''}", "error": f"{type(exc).__name__}: {exc}"}
+                )
+        base = rows[0].get("tokens_per_s")  # bare megatron-core with SequentialMLP
+        bare = {
+            r["experts"]: r["tokens_per_s"] for r in rows if r["path"].startswith("bare") and "experts" in r
+        }
         for r in rows:
             if base and "tokens_per_s" in r:
                 r["vs_bare_megatron"] = r["tokens_per_s"] / base
+            if r["path"].startswith("labrl") and r.get("experts") in bare:
+                r["vs_same_experts"] = r["tokens_per_s"] / bare[r["experts"]]
         out["shapes"][cfg.name] = {"B": B, "T": T, "micro_batch": mbs,
                                    "active_matmul_params": active_matmul_params(cfg), "rows": rows}  # fmt: skip
     out["sampler"] = [bench_sampler(QUICKSTART_MODEL, 64, 160, 64), bench_sampler(BIG_MODEL, 32, 512, 64)]
@@ -439,11 +468,12 @@ def print_gpu_table(res: dict) -> None:
         print(f"\n{name}: B={shape['B']} T={shape['T']} micro-batch {shape['micro_batch']}")
         for r in shape["rows"]:
             if "error" in r:
-                print(f"  {r['path']:45} error: {r['error']}")
+                print(f"  {r['path']:55} error: {r['error']}")
                 continue
             mfu = "n/a" if r["mfu"] is None else f"{r['mfu']:.1%}"
-            print(f"  {r['path']:45} {r['tokens_per_s']:>10.0f} tok/s {r['model_tflops']:>7.1f} TFLOP/s "
-                  f"MFU {mfu:>6} peak {r['peak_mem_gib']:.1f} GiB  x{r.get('vs_bare_megatron', 0):.2f}")  # fmt: skip
+            same = f"  same experts x{r['vs_same_experts']:.2f}" if "vs_same_experts" in r else ""
+            print(f"  {r['path']:55} {r['tokens_per_s']:>10.0f} tok/s {r['model_tflops']:>7.1f} TFLOP/s "
+                  f"MFU {mfu:>6} peak {r['peak_mem_gib']:.1f} GiB  x{r.get('vs_bare_megatron', 0):.2f}{same}")  # fmt: skip
     for r in res["sampler"]:
         print(
             f"  {r['path']} batch {r['batch']} prompt {r['prompt']} +{r['new_tokens']}: {r['tokens_per_s']:.0f} tok/s"

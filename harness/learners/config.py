@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from labrl.harness.identity import IDENTITY
 from labrl.harness.models.config import MoEModelConfig, ParallelConfig, get_preset
-from labrl.harness.models.device import DEVICE_PATTERN, PrecisionChoice
+from labrl.harness.models.device import DEVICE_PATTERN, ExpertsRequest, PrecisionChoice
 from labrl.harness.objectives import ObjectiveConfig
 
 ReferenceKind = Literal["none", "initial"]
@@ -135,6 +135,11 @@ class LearnerConfig(BaseModel):
         default="auto",
         description="parameters and compute: auto (bf16 on CUDA for models of 100M parameters or more, else fp32) | fp32 | bf16; "
         "the optimizer keeps fp32 master weights under bf16, log-probs and loss are fp32",
+    )
+    experts: ExpertsRequest = Field(
+        default="auto",
+        description="MoE experts module of the local spec: auto (all experts in one torch grouped_mm on CUDA "
+        "in bf16, one after another elsewhere) | sequential | grouped_mm; same weights and checkpoint names",
     )
 
     @model_validator(mode="after")

@@ -77,7 +77,7 @@ from labrl.harness.learners.config import LearnerConfig
 from labrl.harness.learners.model_parallel import gather_full_state, sequence_parallel
 from labrl.harness.learners.precision import adamw_with_precision
 from labrl.harness.models import device as dev
-from labrl.harness.models.build import build_gpt_model, causal_attention_mask, count_parameters
+from labrl.harness.models.build import build_gpt_model, causal_attention_mask, count_parameters, spec_choice
 from labrl.harness.models.routing import (
     from_megatron_layout,
     model_router_replays,
@@ -99,9 +99,15 @@ class MegatronLearner:
         caps = dev.detect_capabilities()
         self.device = dev.resolve_device(cfg.device, caps)
         self.dtype = dev.param_dtype(cfg.precision, self.device, parameters=cfg.model.parameter_count)
-        self.spec = dev.layer_spec(self.device, caps)
+        self.spec = spec_choice(cfg.model, cfg.parallel, self.device, self.dtype, cfg.experts, caps)
         self.model = build_gpt_model(
-            cfg.model, cfg.parallel, seed=cfg.seed, routing_replay=True, device=self.device, dtype=self.dtype
+            cfg.model,
+            cfg.parallel,
+            seed=cfg.seed,
+            routing_replay=True,
+            device=self.device,
+            dtype=self.dtype,
+            experts=cfg.experts,
         )
         self.model.train()
         # TP > 1: each rank routes its sequence slice; routes are gathered/scattered for record/replay
@@ -141,6 +147,7 @@ class MegatronLearner:
                 routing_replay=True,
                 device=self.device,
                 dtype=self.dtype,
+                experts=cfg.experts,
             )
             self.reference_model.train()  # the policy's mode, so equal weights give bit-equal log-probs
             self.reference_model.requires_grad_(False)
@@ -386,6 +393,7 @@ class MegatronLearner:
             raise LearnerError(f"cannot read checkpoint {path}: {exc}") from exc
         if state.get("config", {}).get("model") != self.config.model.model_dump(mode="json"):
             raise LearnerError(f"checkpoint {path} was written for a different model shape")
+        self._check_parameter_layout(path, state["optimizer"])
         result = self.model.load_state_dict(state["model"], strict=False)
         missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
         if missing or result.unexpected_keys:
@@ -408,6 +416,21 @@ class MegatronLearner:
         self.consecutive_skips = int(state.get("consecutive_skips", 0))
         self.policy_versions = dict(state.get("policy_versions", {}))
         torch.set_rng_state(state["rng"].cpu())
+
+    def _check_parameter_layout(self, path: str, optimizer_state: dict) -> None:
+        """The optimizer state (and the fp32 masters) hold one entry per parameter tensor.
+
+        The weights load across experts modules (same state-dict names), but SequentialMLP
+        holds two tensors per expert and layer where TorchGroupedMLP holds two per layer.
+        """
+        saved = sum(len(g["params"]) for g in optimizer_state["param_groups"])
+        have = sum(len(g["params"]) for g in self.optimizer.param_groups)
+        if saved != have:
+            raise LearnerError(
+                f"checkpoint {path}: optimizer state for {saved} parameter tensors, this learner has {have} "
+                f"({self.spec.experts.name} experts): it was written with the other experts module; resume "
+                "with learner.experts=sequential (SequentialMLP) or learner.experts=grouped_mm (TorchGroupedMLP)"
+            )
 
     def _load_reference(self, path: str, state: dict) -> None:
         ref = state.get("reference")

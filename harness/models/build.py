@@ -88,6 +88,7 @@ def build_gpt_model(
     routing_replay: bool = True,
     device: torch.device | str = "auto",
     dtype: torch.dtype = torch.float32,
+    experts: dev.ExpertsRequest = "auto",
 ):
     """A megatron-core ``GPTModel`` of shape ``config`` on ``device``, parameters in ``dtype``.
 
@@ -111,8 +112,11 @@ def build_gpt_model(
     device = dev.resolve_device(str(device), caps)  # a torch.device too: "cuda" gains its ordinal
     parallel = parallel or ParallelConfig()
     ensure_model_parallel(parallel, device)
-    choice = dev.layer_spec(device, caps)
-    _log_once(f"labrl model on {device}: {choice.name} layer spec ({choice.reason}); parameters {dtype}")
+    choice = spec_choice(config, parallel, device, dtype, experts, caps)
+    _log_once(
+        f"labrl model on {device}: {choice.name} layer spec ({choice.reason}); "
+        f"{choice.experts.name} experts ({choice.experts.reason}); parameters {dtype}"
+    )
     tconfig = config.transformer_config(
         parallel,
         cpu=device.type != "cuda",
@@ -120,7 +124,9 @@ def build_gpt_model(
         spec=choice,
         dtype=dtype,
     )
-    spec = decoder_block_spec(tconfig, use_transformer_engine=choice.use_transformer_engine)
+    spec = decoder_block_spec(
+        tconfig, use_transformer_engine=choice.use_transformer_engine, experts=choice.experts.name
+    )
     before = list(RouterReplay.global_router_replay_instances)
     cuda = device.type == "cuda"
     dev.make_current(device)  # megatron allocates KV caches and buffers on the current device
@@ -145,26 +151,80 @@ def build_gpt_model(
     return model.to(device=device, dtype=dtype)
 
 
+def spec_choice(
+    config: MoEModelConfig,
+    parallel: ParallelConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    experts: dev.ExpertsRequest = "auto",
+    caps: dev.Capabilities | None = None,
+) -> dev.SpecChoice:
+    """``device.layer_spec`` for a model of this shape (whether its experts fit ``grouped_mm``'s alignment).
+
+    Expert FFN per rank: megatron's expert tensor-parallel size defaults to the tensor-parallel size.
+    """
+    caps = dev.detect_capabilities() if caps is None else caps
+    ffn = config.moe_ffn_hidden_size // parallel.tensor_parallel
+    aligned = dev.grouped_mm_aligned(config.hidden_size, ffn, dtype)
+    return dev.layer_spec(device, caps, dtype, experts, aligned=aligned)
+
+
 def _log_once(message: str) -> None:
     if message not in _logged:
         _logged.add(message)
         log.warning(message) if "without TransformerEngine" in message else log.info(message)
 
 
-def decoder_block_spec(tconfig, *, use_transformer_engine: bool):
+def decoder_block_spec(tconfig, *, use_transformer_engine: bool, experts: dev.ExpertsName = "SequentialMLP"):
     """One layer spec per decoder layer, MoE or dense as ``tconfig.moe_layer_freq`` says.
 
     megatron-core's ``get_gpt_decoder_block_spec``
     (megatron/core/models/gpt/gpt_layer_specs.py) reads the per-layer pattern
     from the config; a single layer spec passed to ``GPTModel`` instead would
     make every layer MoE whatever the pattern. Local modules or the
-    TransformerEngine ones, as ``device.layer_spec`` chose.
+    TransformerEngine ones, as ``device.layer_spec`` chose; ``experts="TorchGroupedMLP"``
+    puts ``grouped_experts.TorchGroupedMLP`` where the local spec has SequentialMLP (it takes
+    the same submodules).
     """
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
-    return get_gpt_decoder_block_spec(
+    spec = get_gpt_decoder_block_spec(
         tconfig, use_transformer_engine=use_transformer_engine, normalization=tconfig.normalization
     )
+    if experts == "TorchGroupedMLP":
+        _use_torch_grouped_experts(spec)
+    return spec
+
+
+def _use_torch_grouped_experts(block_spec) -> None:
+    """Swap SequentialMLP for TorchGroupedMLP in every MoE layer of ``block_spec``.
+
+    Each level is copied (``dataclasses.replace``), not mutated: megatron-core's MoE layers
+    share one spec object, which later builds must find unchanged.
+    """
+    from dataclasses import replace
+
+    from megatron.core.transformer.moe.experts import SequentialMLP
+
+    from labrl.harness.models.grouped_experts import TorchGroupedMLP
+
+    swapped = 0
+    for i, layer in enumerate(block_spec.layer_specs):
+        mlp = layer.submodules.mlp
+        experts = getattr(getattr(mlp, "submodules", None), "experts", None)
+        if experts is None:
+            continue  # a dense layer
+        if experts.module is not SequentialMLP:
+            raise ConfigError(
+                f"TorchGroupedMLP replaces SequentialMLP, but this layer spec has {experts.module}"
+            )
+        grouped = replace(
+            mlp, submodules=replace(mlp.submodules, experts=replace(experts, module=TorchGroupedMLP))
+        )
+        block_spec.layer_specs[i] = replace(layer, submodules=replace(layer.submodules, mlp=grouped))
+        swapped += 1
+    if swapped == 0:
+        raise ConfigError("TorchGroupedMLP chosen, but the layer spec has no MoE layer")
 
 
 def count_parameters(model: torch.nn.Module) -> int:

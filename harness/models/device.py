@@ -1,7 +1,7 @@
 """Every CUDA-dependent decision of model building, as small pure functions.
 
 Each function takes the machine's ``Capabilities`` (CUDA present, TransformerEngine
-importable, the ``grouped_gemm`` package importable) instead of probing it, so
+importable, the ``grouped_gemm`` package importable, torch with ``grouped_mm``) instead of probing it, so
 the CPU test suite checks every (CUDA, TE) combination with the capabilities
 faked; ``detect_capabilities()`` is the one place that probes.
 
@@ -11,8 +11,8 @@ Decisions (CUDA, TE):
                    CPU                     CUDA, no TE                            CUDA + TE
 =================  ======================  =====================================  ======================
 layer spec         local                   local                                  TransformerEngine
-experts            SequentialMLP           SequentialMLP (GroupedMLP with the     TEGroupedMLP
-                                           ``grouped_gemm`` package)
+experts            TorchGroupedMLP         bf16: TorchGroupedMLP (torch           TEGroupedMLP
+                   (torch grouped_mm)      grouped_mm); fp32: SequentialMLP
 token dispatcher   allgather               alltoall                               alltoall
 process group      gloo                    nccl                                   nccl
 param dtype auto   fp32                    bf16 (fp32 under 100M parameters)      same
@@ -59,6 +59,7 @@ class Capabilities:
     cuda: bool
     transformer_engine: bool
     grouped_gemm: bool = False  # fanshiqing/grouped_gemm: megatron-core's legacy GroupedMLP without TE
+    torch_grouped_mm: bool = False  # torch.nn.functional.grouped_mm (torch >= 2.10): TorchGroupedMLP
     cuda_index: int = 0  # the current CUDA device when detected: what a bare ``cuda`` means
 
 
@@ -69,6 +70,7 @@ def detect_capabilities() -> Capabilities:
         cuda_index=torch.cuda.current_device() if cuda else 0,
         transformer_engine=_importable("transformer_engine.pytorch"),
         grouped_gemm=_importable("grouped_gemm"),
+        torch_grouped_mm=hasattr(torch.nn.functional, "grouped_mm"),
     )
 
 
@@ -147,6 +149,90 @@ def precision_name(dtype: torch.dtype) -> str:
     return {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
 
 
+ExpertsName = Literal["SequentialMLP", "TorchGroupedMLP", "GroupedMLP", "TEGroupedMLP"]
+ExpertsRequest = Literal["auto", "sequential", "grouped_mm"]
+GROUPED_MM_ALIGN_BYTES = 16
+
+
+@dataclass(frozen=True)
+class ExpertsChoice:
+    """Which experts module a model's MoE layers use, and why."""
+
+    name: ExpertsName
+    reason: str
+
+
+def grouped_mm_aligned(hidden_size: int, ffn_per_partition: int, dtype: torch.dtype) -> bool:
+    """Whether the experts' ``grouped_mm`` operands have 16-byte-aligned strides (torch requires it).
+
+    Their row strides are ``H``, ``2F`` and ``F`` elements, ``F`` the expert FFN size per
+    tensor-parallel rank: multiples of 4 in fp32, of 8 in bf16.
+    """
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return all((n * itemsize) % GROUPED_MM_ALIGN_BYTES == 0 for n in (hidden_size, ffn_per_partition))
+
+
+def experts_module(
+    device: torch.device,
+    caps: Capabilities,
+    dtype: torch.dtype,
+    requested: ExpertsRequest = "auto",
+    *,
+    aligned: bool = True,
+) -> ExpertsChoice:
+    """The experts module for parameters in ``dtype`` on ``device`` (``aligned``: ``grouped_mm_aligned``).
+
+    ``auto``: ``TorchGroupedMLP`` (``labrl.harness.models.grouped_experts``, all experts in one
+    ``grouped_mm``) wherever torch has ``grouped_mm`` and the shape is aligned, except CUDA in
+    fp32 and CUDA with TE. On CUDA torch runs bf16 ``grouped_mm`` as one CUTLASS kernel
+    (SM90/SM100) but fp32 as a loop over the experts with a host sync, what SequentialMLP does.
+    On CPU it was measured (fp32) on the quickstart's model: a learner step as fast as with
+    SequentialMLP, a decode step faster (``benchmarks/experts_cpu.py``, docs/gpu.md).
+    megatron's legacy ``GroupedMLP`` (the ``grouped_gemm`` package) only in bf16 where
+    TorchGroupedMLP cannot run (torch < 2.10, a misaligned shape): it asserts bf16 and stores its weights under names the HF export does not map.
+    ``sequential`` / ``grouped_mm`` choose the local spec's module as configured.
+    """
+    if requested != "auto":
+        return _requested_experts(device, caps, requested, aligned)
+    cuda = device.type == "cuda"
+    if cuda and caps.transformer_engine:
+        return ExpertsChoice("TEGroupedMLP", "TransformerEngine's grouped GEMM")
+    bf16 = dtype == torch.bfloat16
+    if caps.torch_grouped_mm and aligned and (bf16 or not cuda):
+        where = "bf16 on CUDA" if cuda else "CPU: as fast in a learner step, faster in decode, docs/gpu.md"
+        return ExpertsChoice("TorchGroupedMLP", f"all experts in one torch grouped_mm ({where})")
+    if cuda and bf16 and caps.grouped_gemm:
+        return ExpertsChoice("GroupedMLP", "grouped GEMM from the grouped_gemm package (bf16)")
+    if not caps.torch_grouped_mm:
+        why = "torch without grouped_mm (< 2.10)"
+    elif not aligned:
+        why = "hidden or expert FFN size not a multiple of 16 bytes, as grouped_mm needs"
+    else:
+        why = f"{precision_name(dtype)} on CUDA: torch's grouped_mm kernel is bf16"
+    return ExpertsChoice("SequentialMLP", f"one expert after another ({why})")
+
+
+def _requested_experts(
+    device: torch.device, caps: Capabilities, requested: str, aligned: bool
+) -> ExpertsChoice:
+    if device.type == "cuda" and caps.transformer_engine:
+        raise ConfigError(
+            f"experts={requested!r}: with TransformerEngine the experts are TEGroupedMLP; use experts=auto"
+        )
+    if requested == "sequential":
+        return ExpertsChoice("SequentialMLP", "as configured")
+    if requested != "grouped_mm":
+        raise ConfigError(f"experts={requested!r}: use auto, sequential or grouped_mm")
+    if not caps.torch_grouped_mm:
+        raise ConfigError("experts='grouped_mm' needs torch >= 2.10 (torch.nn.functional.grouped_mm)")
+    if not aligned:
+        raise ConfigError(
+            "experts='grouped_mm': hidden and expert FFN sizes must be multiples of 16 bytes "
+            "(grouped_mm's stride alignment); use experts=auto or sequential"
+        )
+    return ExpertsChoice("TorchGroupedMLP", "as configured")
+
+
 @dataclass(frozen=True)
 class SpecChoice:
     """Which megatron-core layer spec and MoE kernels a model on ``device`` uses, and why."""
@@ -155,13 +241,27 @@ class SpecChoice:
     moe_grouped_gemm: bool
     token_dispatcher: Literal["allgather", "alltoall"]
     reason: str
+    experts: ExpertsChoice = ExpertsChoice("SequentialMLP", "default")
 
     @property
     def name(self) -> str:
         return "transformer_engine" if self.use_transformer_engine else "local"
 
 
-def layer_spec(device: torch.device, caps: Capabilities) -> SpecChoice:
+def layer_spec(
+    device: torch.device,
+    caps: Capabilities,
+    dtype: torch.dtype = torch.float32,
+    experts: ExpertsRequest = "auto",
+    *,
+    aligned: bool = True,
+) -> SpecChoice:
+    """Layer spec, dispatcher and experts module (``experts_module``) for ``dtype`` parameters on ``device``.
+
+    ``moe_grouped_gemm`` is megatron-core's flag (TEGroupedMLP or GroupedMLP in its spec);
+    ``TorchGroupedMLP`` replaces SequentialMLP in the local spec (``build.decoder_block_spec``).
+    """
+    experts_choice = experts_module(device, caps, dtype, experts, aligned=aligned)
     if device.type != "cuda":
         return SpecChoice(
             False,
@@ -169,25 +269,16 @@ def layer_spec(device: torch.device, caps: Capabilities) -> SpecChoice:
             "allgather",
             "CPU: local spec; TransformerEngine kernels need CUDA, and the alltoall dispatcher "
             "creates a CUDA stream",
+            experts_choice,
         )
     if caps.transformer_engine:
-        return SpecChoice(
-            True, True, "alltoall", "CUDA with TransformerEngine: TE spec, TEGroupedMLP experts"
-        )
-    if caps.grouped_gemm:
-        return SpecChoice(
-            False,
-            True,
-            "alltoall",
-            "CUDA without TransformerEngine (pip install labrl[te] for the TE spec): local spec, "
-            "GroupedMLP experts from the grouped_gemm package",
-        )
+        return SpecChoice(True, True, "alltoall", "CUDA with TransformerEngine: TE spec", experts_choice)
     return SpecChoice(
         False,
-        False,
+        experts_choice.name == "GroupedMLP",
         "alltoall",
-        "CUDA without TransformerEngine (pip install labrl[te] for the TE spec): local spec, "
-        "experts run one after another (SequentialMLP)",
+        "CUDA without TransformerEngine (pip install labrl[te] for the TE spec): local spec",
+        experts_choice,
     )
 
 

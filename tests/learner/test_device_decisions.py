@@ -15,6 +15,13 @@ CUDA = dev.Capabilities(cuda=True, transformer_engine=False)
 CUDA_GG = dev.Capabilities(cuda=True, transformer_engine=False, grouped_gemm=True)
 CUDA_TE = dev.Capabilities(cuda=True, transformer_engine=True)
 ALL = [CPU, CPU_TE, CUDA, CUDA_GG, CUDA_TE]
+# torch >= 2.10 has torch.nn.functional.grouped_mm; the capabilities above are an older torch's
+GMM = dict(torch_grouped_mm=True)
+CPU_GMM = dev.Capabilities(cuda=False, transformer_engine=False, **GMM)
+CUDA_GMM = dev.Capabilities(cuda=True, transformer_engine=False, **GMM)
+CUDA_GMM_GG = dev.Capabilities(cuda=True, transformer_engine=False, grouped_gemm=True, **GMM)
+CUDA_GMM_TE = dev.Capabilities(cuda=True, transformer_engine=True, **GMM)
+FP32, BF16 = torch.float32, torch.bfloat16
 
 
 def on(caps: dev.Capabilities) -> torch.device:
@@ -67,7 +74,7 @@ def test_explicit_cuda_without_cuda_is_a_config_error():
     ],
 )
 def test_layer_spec_for_each_combination(caps, te, grouped, dispatcher):
-    choice = dev.layer_spec(on(caps), caps)
+    choice = dev.layer_spec(on(caps), caps, torch.bfloat16)  # megatron's GroupedMLP asserts bf16
     assert (choice.use_transformer_engine, choice.moe_grouped_gemm, choice.token_dispatcher) == (
         te,
         grouped,
@@ -76,6 +83,60 @@ def test_layer_spec_for_each_combination(caps, te, grouped, dispatcher):
     assert choice.name == ("transformer_engine" if te else "local")
     if caps.cuda and not caps.transformer_engine:
         assert "without TransformerEngine" in choice.reason and "labrl[te]" in choice.reason
+
+
+@pytest.mark.parametrize(
+    ("caps", "dtype", "aligned", "want"),
+    [
+        # CPU: grouped_mm wherever torch has it (measured not slower, docs/gpu.md), in either dtype
+        (CPU_GMM, FP32, True, "TorchGroupedMLP"),
+        (CPU_GMM, BF16, True, "TorchGroupedMLP"),
+        (CPU_GMM, FP32, False, "SequentialMLP"),  # strides not 16-byte aligned
+        (CPU, FP32, True, "SequentialMLP"),  # torch < 2.10
+        # CUDA without TE: grouped_mm's kernel is bf16; fp32 would loop over the experts anyway
+        (CUDA_GMM, BF16, True, "TorchGroupedMLP"),
+        (CUDA_GMM, FP32, True, "SequentialMLP"),
+        (CUDA_GMM, BF16, False, "SequentialMLP"),
+        (CUDA_GMM_GG, BF16, True, "TorchGroupedMLP"),  # before megatron's legacy GroupedMLP
+        (CUDA_GMM_GG, BF16, False, "GroupedMLP"),
+        (CUDA_GG, BF16, True, "GroupedMLP"),  # torch < 2.10 with the grouped_gemm package
+        (CUDA_GG, FP32, True, "SequentialMLP"),  # GroupedMLP asserts bf16
+        (CUDA, BF16, True, "SequentialMLP"),
+        # TE: TEGroupedMLP whatever torch has
+        (CUDA_TE, BF16, True, "TEGroupedMLP"),
+        (CUDA_GMM_TE, BF16, True, "TEGroupedMLP"),
+        (CUDA_GMM_TE, FP32, True, "TEGroupedMLP"),
+    ],
+)
+def test_experts_module_for_each_combination(caps, dtype, aligned, want):
+    choice = dev.experts_module(on(caps), caps, dtype, aligned=aligned)
+    assert choice.name == want
+    spec = dev.layer_spec(on(caps), caps, dtype, aligned=aligned)
+    assert spec.experts == choice
+    # megatron's own flag builds its grouped modules; TorchGroupedMLP replaces SequentialMLP's spec entry
+    assert spec.moe_grouped_gemm == (want in ("GroupedMLP", "TEGroupedMLP"))
+    if want == "SequentialMLP" and caps.cuda:
+        assert "one expert after another (" in choice.reason
+
+
+def test_requested_experts_module():
+    assert dev.experts_module(on(CUDA_GMM), CUDA_GMM, BF16, "sequential").name == "SequentialMLP"
+    assert dev.experts_module(on(CUDA_GMM), CUDA_GMM, FP32, "grouped_mm").name == "TorchGroupedMLP"
+    assert dev.experts_module(on(CPU_GMM), CPU_GMM, FP32, "sequential").name == "SequentialMLP"
+    with pytest.raises(ConfigError, match=r"needs torch >= 2\.10"):
+        dev.experts_module(on(CUDA), CUDA, BF16, "grouped_mm")
+    with pytest.raises(ConfigError, match="with TransformerEngine the experts are TEGroupedMLP"):
+        dev.experts_module(on(CUDA_GMM_TE), CUDA_GMM_TE, BF16, "sequential")
+    with pytest.raises(ConfigError, match="multiples of 16 bytes"):
+        dev.experts_module(on(CPU_GMM), CPU_GMM, FP32, "grouped_mm", aligned=False)
+    with pytest.raises(ConfigError, match="use auto, sequential or grouped_mm"):
+        dev.experts_module(on(CPU_GMM), CPU_GMM, FP32, "fused")
+
+
+def test_this_torch_has_grouped_mm():
+    """torch 2.13 here: the CPU test suite runs TorchGroupedMLP (as the quickstart does)."""
+    assert dev.detect_capabilities().torch_grouped_mm == hasattr(torch.nn.functional, "grouped_mm")
+    assert dev.detect_capabilities().torch_grouped_mm
 
 
 @pytest.mark.parametrize("caps", ALL)
@@ -166,6 +227,7 @@ def test_a_build_logs_its_spec_choice_once(caplog, monkeypatch):
     lines = [r.getMessage() for r in caplog.records if "layer spec" in r.getMessage()]
     assert len(lines) == 1
     assert "on cpu: local layer spec (CPU: local spec" in lines[0] and "torch.float32" in lines[0]
+    assert "TorchGroupedMLP experts (all experts in one torch grouped_mm (CPU" in lines[0]
 
 
 def get_preset_small():

@@ -208,4 +208,6 @@ def test_sampler_and_learner_keep_to_the_model_device(learner, scheduling, monke
         # the batch is uploaded once (one copy per field) and the grad norm read once, not per parameter
         learner_copies = audit.copies_from("labrl.harness.learners")
         learner_sites = {k: v for k, v in audit.copy_sites.items() if k.startswith("megatron.py")}
-        assert n_params > 30 and learner_copies <= 16, (learner_copies, learner_sites)
+        # (more parameter tensors than the bound: one read per parameter would exceed it)
+        bound = 16
+        assert n_params > bound and learner_copies <= bound, (n_params, learner_copies, learner_sites)
