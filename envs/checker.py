@@ -349,7 +349,7 @@ class _Checker:
         # a task no other check played: the ledger has no stored value to answer it with
         task = env.make_task("train", self.seeds[-1] + 1)
         gold = env.gold_actions(task)
-        action = list(gold)[0] if gold else env.random_action(task, random.Random(0))
+        action = next(iter(gold)) if gold else env.random_action(task, random.Random(0))
         try:
             await env.reset(task)
             result = await env.step(action)
@@ -403,11 +403,15 @@ def _check_record(result: StepResult, stages: tuple[Stage, ...], audit: float, f
         raise CheckFailed(f"the record declares stages {record.declared}, the env {[s.name for s in stages]}")
     for reached, stage in zip(record.stages, stages, strict=False):
         if reached.cost_unit is not stage.cost_unit:
-            raise CheckFailed(f"stage {stage.name!r} charged in {reached.cost_unit.value}, declared {stage.cost_unit.value}")
+            raise CheckFailed(
+                f"stage {stage.name!r} charged in {reached.cost_unit.value}, declared {stage.cost_unit.value}"
+            )
     for reached in record.stages[1:]:
         expected = 1.0 if reached.passed_rule else audit
         if abs(reached.run_probability - expected) > 1e-12:
-            raise CheckFailed(f"stage {reached.stage!r} ran with probability {reached.run_probability}, not {expected}")
+            raise CheckFailed(
+                f"stage {reached.stage!r} ran with probability {reached.run_probability}, not {expected}"
+            )
     estimate = cascade_reward(record.values, record.run_probabilities)
     if result.reward is None or abs(result.reward - estimate) > 1e-9 or abs(record.reward - estimate) > 1e-9:
         raise CheckFailed(f"reward {result.reward} is not the estimator's {estimate} of the record")

@@ -221,7 +221,8 @@ class RunConfig(_Section):
     )
     ray: RaySection = Field(default_factory=RaySection)
     cascade: CascadeSection | None = Field(
-        default=None, description="budgets and audits of a cascade env's reward stages (docs/rewards-that-cost-money.md)"
+        default=None,
+        description="budgets and audits of a cascade env's reward stages (docs/rewards-that-cost-money.md)",
     )
 
     @model_validator(mode="after")

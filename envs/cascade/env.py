@@ -129,7 +129,9 @@ class CascadeEnv(Env):
         self._withdraw_after(len(records))
         values = [r.value for r in records]
         reward = cascade_reward(values, [r.run_probability for r in records[1:]])
-        return CascadeRecord(stages=tuple(records), reward=reward, declared=tuple(s.name for s in self.stages))
+        return CascadeRecord(
+            stages=tuple(records), reward=reward, declared=tuple(s.name for s in self.stages)
+        )
 
     async def _run_stage(
         self, ledger: BudgetLedger, key: str, stage: Stage, candidate: Any, probability: float, passed: bool

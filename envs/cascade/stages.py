@@ -100,7 +100,9 @@ def check_stages(stages: tuple[Stage, ...]) -> tuple[Stage, ...]:
         if stage.pass_on is None:
             raise ValueError(f"stage {stage.name!r} is not the last: it needs a pass_on rule")
     if stages[-1].pass_on is not None:
-        raise ValueError(f"the last stage {stages[-1].name!r} has nothing to pass on to: pass_on must be None")
+        raise ValueError(
+            f"the last stage {stages[-1].name!r} has nothing to pass on to: pass_on must be None"
+        )
     return stages
 
 

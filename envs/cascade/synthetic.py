@@ -11,7 +11,8 @@ same ``z``). ``proxy_offset`` is a constant bias (harmless to a group's advantag
 ``proxy_shift`` moves the proxy's optimum away from the truth's (a policy trained on the proxy
 alone learns the wrong answer). With the shift at 0 the gap ``c - e`` has mean ``proxy_offset``
 and variance ``proxy_noise**2``, the closed form the estimator tests use. The proxy passes a
-candidate on to the truth when ``c >= pass_threshold``; others are audited with the run's
+candidate on to the truth when ``c >= pass_threshold`` (or, with ``top_k``, when it is among the
+``top_k`` best of its group by ``c``); others are audited with the run's
 ``cascade.audit_probability``. Costs and latencies (log-normal, ``labrl.envs.cascade.stages.Latency``)
 are options; each stage waits its latency with ``asyncio.sleep``.
 """
@@ -29,7 +30,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from labrl.envs.cascade.env import CascadeEnv
-from labrl.envs.cascade.stages import CostUnit, Latency, Stage, Threshold
+from labrl.envs.cascade.stages import CostUnit, Latency, Stage, Threshold, TopK
 from labrl.envs.types import Action, Budgets, EnvSpec, Message, Observation, Split, Task
 from labrl.errors import ConfigError, InvalidActionError
 from labrl.untrusted_text import last_block
@@ -46,6 +47,9 @@ class SyntheticCascadeOptions(BaseModel):
     proxy_offset: float = Field(default=0.0, ge=-10, le=10, description="constant bias of the proxy")
     proxy_noise: float = Field(default=0.1, ge=0, le=10, description="std of the proxy's noise")
     pass_threshold: float = Field(default=0.5, description="proxy value that passes a candidate on")
+    top_k: int | None = Field(
+        default=None, ge=1, description="pass the top k of the group instead (needs a GroupGate)"
+    )
     proxy_cost_cpu_s: float = Field(default=0.01, ge=0)
     truth_cost_gpu_h: float = Field(default=0.001, ge=0)
     proxy_latency_s: float = Field(default=0.001, gt=0, le=3600)
@@ -75,7 +79,7 @@ class SyntheticCascadeEnv(CascadeEnv):
                     cost_unit=CostUnit.CPU_S,
                     cost=o.proxy_cost_cpu_s,
                     latency=Latency(median_s=o.proxy_latency_s, sigma=o.latency_sigma),
-                    pass_on=Threshold(min_reward=o.pass_threshold),
+                    pass_on=TopK(k=o.top_k) if o.top_k else Threshold(min_reward=o.pass_threshold),
                 ),
                 Stage(
                     name="truth",
@@ -137,8 +141,10 @@ class SyntheticCascadeEnv(CascadeEnv):
         o = self.options
         if stage.name == "truth":
             return peak(candidate, float(task.answer), o.width)
-        return peak(candidate, float(task.answer) + o.proxy_shift, o.width) + o.proxy_offset + o.proxy_noise * rng.gauss(
-            0.0, 1.0
+        return (
+            peak(candidate, float(task.answer) + o.proxy_shift, o.width)
+            + o.proxy_offset
+            + o.proxy_noise * rng.gauss(0.0, 1.0)
         )
 
     def gold_actions(self, task: Task) -> Sequence[Action] | None:

@@ -44,7 +44,9 @@ def make_env_factory(cfg: RunConfig) -> EnvFactory:
     options = dict(cfg.env.options)
     if cfg.cascade is not None:  # the cascade component's section reaches the env as its option
         if "cascade" in options:
-            raise ConfigError("set the cascade either as the cascade: section or as env.options.cascade, not both")
+            raise ConfigError(
+                "set the cascade either as the cascade: section or as env.options.cascade, not both"
+            )
         options["cascade"] = cfg.cascade.model_dump(mode="json")
 
     def factory() -> Env:
