@@ -123,8 +123,14 @@ class _Checker:
         cascade = {**(self.make_kwargs.get("cascade") or {}), "audit_probability": 1.0}
         return make(self.env_id, **{**self.make_kwargs, "cascade": cascade})
 
-    def is_cascade(self) -> bool:
-        return isinstance(self.fresh().unwrapped, CascadeEnv)
+    async def cascade_stages(self) -> tuple[tuple[Stage, ...], float] | None:
+        """The stages and audit probability of a cascade env; None for any other env."""
+        env = self.fresh()
+        try:
+            inner = env.unwrapped
+            return (inner.stages, inner.cascade.audit_probability) if isinstance(inner, CascadeEnv) else None
+        finally:
+            await env.close()
 
     async def play(self, task: Task, actions: list[Action]) -> list[StepResult]:
         env = self.fresh()
@@ -243,7 +249,7 @@ class _Checker:
     async def check_gold(self) -> str:
         env = self.fresh()
         played = 0
-        player = self.fully_audited if self.is_cascade() else self.fresh
+        player = self.fully_audited if await self.cascade_stages() else self.fresh
         try:
             for seed in self.seeds[:3]:
                 task = env.make_task("test", seed)
@@ -309,18 +315,19 @@ class _Checker:
         return f"{steps} steps, every reward finite or None"
 
     async def check_cascade(self) -> str:
-        if not self.is_cascade():
+        declared = await self.cascade_stages()
+        if declared is None:
             return "not a cascade env (skipped)"
-        probe = self.fresh()
-        inner = probe.unwrapped
-        assert isinstance(inner, CascadeEnv)
-        stages, audit = inner.stages, inner.cascade.audit_probability
+        stages, audit = declared
         records = 0
         for player, full in ((self.fresh, False), (self.fully_audited, True)):
             for split in ("train", "test"):
                 for seed in self.seeds[:3]:
+                    probe = self.fresh()
                     task = probe.make_task(split, seed)
-                    for actions in self._probe_actions(probe, task, seed):
+                    plays = self._probe_actions(probe, task, seed)
+                    await probe.close()
+                    for actions in plays:
                         env = player()
                         try:
                             await env.reset(task)

@@ -24,7 +24,6 @@ keeps it in the process (``cascade.ledger_path`` unset): the same rules, lost wi
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 import time
 from abc import ABC, abstractmethod
@@ -81,19 +80,17 @@ class MemoryLedger(BudgetLedger):
         self._charged: dict[str, tuple[str, float]] = {}  # key -> (stage, cost)
         self._values: dict[str, float] = {}
         self._totals: dict[str, float] = {}
-        # pay's check-then-charge has no await inside, so it is atomic on the loop; the lock says so
-        self._lock = asyncio.Lock()
 
     async def pay(self, key: str, stage: Stage) -> Payment:
-        async with self._lock:
-            if key in self._charged:
-                _check_same_stage(key, self._charged[key][0], stage)
-                return Payment(key, 0.0, self._values.get(key))
-            spent = self._totals.get(stage.name, 0.0)
-            refuse_beyond_budget(stage, spent, self.budgets.get(stage.name))
-            self._charged[key] = (stage.name, stage.cost)
-            self._totals[stage.name] = spent + stage.cost
-            return Payment(key, stage.cost, None)
+        # no await between the check and the charge: two episodes on the loop cannot both pass the check
+        if key in self._charged:
+            _check_same_stage(key, self._charged[key][0], stage)
+            return Payment(key, 0.0, self._values.get(key))
+        spent = self._totals.get(stage.name, 0.0)
+        refuse_beyond_budget(stage, spent, self.budgets.get(stage.name))
+        self._charged[key] = (stage.name, stage.cost)
+        self._totals[stage.name] = spent + stage.cost
+        return Payment(key, stage.cost, None)
 
     async def settle(self, key: str, value: float, seconds: float) -> None:
         self._values.setdefault(key, value)

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from labrl.envs import Action, Outcome, check_env, make
+from labrl.envs import Action, Outcome, StepResult, check_env, make
 from labrl.envs.cascade import CascadeRecord, GroupGate, Stage
 from labrl.errors import BudgetExhaustedError
 
@@ -134,3 +134,19 @@ async def test_a_member_that_fails_early_does_not_hold_up_its_group():
     )
     assert failed.outcome is Outcome.VERIFIER_FAILED and ok.outcome is Outcome.OK
     assert len(ok.info["cascade"]["stages"]) == 2  # alone in its ranking, it is the top 1
+
+
+def test_the_checker_catches_a_reward_that_is_not_the_estimators(monkeypatch):
+    """An env that trains on its cheap proxy alone, recording the cascade honestly, fails the check."""
+    from labrl.envs.cascade.synthetic import SyntheticCascadeEnv
+
+    async def proxy_only(self, action):
+        record = await self.run_cascade(self.episode_task(), self.candidate(action))
+        return StepResult(
+            reward=record.values[0], done=True, info={"cascade": record.model_dump(mode="json")}
+        )
+
+    monkeypatch.setattr(SyntheticCascadeEnv, "step", proxy_only)
+    report = check_env("synthetic/cascade-v0", seeds=4, proxy_offset=0.2)
+    cascade = next(c for c in report.checks if c.name == "cascade")
+    assert not cascade.passed and "is not the estimator's" in cascade.detail
