@@ -90,11 +90,14 @@ class SyntheticCascadeEnv(CascadeEnv):
             ),
             ENV_ID,
         )
-        slowest = max(s.latency.median_s * math.exp(4 * s.latency.sigma) for s in self.stages)
+        # a stage's deadline: a minute beyond its latency at 4 sigma (a draw past it: 1 in 30,000)
+        tails = [round(60 + s.latency.median_s * math.exp(4 * s.latency.sigma), 1) for s in self.stages]
         self.spec = EnvSpec(
             id=ENV_ID,
             description="Name a hidden number; scored by a cheap biased proxy, audited by the truth.",
-            budgets=Budgets(max_turns=1, reset_timeout_s=10, step_timeout_s=60 + 4 * slowest),
+            budgets=Budgets(
+                max_turns=1, reset_timeout_s=10, scoring_timeout_s=max(tails), step_timeout_s=sum(tails)
+            ),
             tags=("synthetic", "cascade"),
             has_gold_answer=True,
         )

@@ -150,3 +150,18 @@ def test_the_checker_catches_a_reward_that_is_not_the_estimators(monkeypatch):
     report = check_env("synthetic/cascade-v0", seeds=4, proxy_offset=0.2)
     cascade = next(c for c in report.checks if c.name == "cascade")
     assert not cascade.passed and "is not the estimator's" in cascade.detail
+
+
+def test_a_restarted_process_pays_nothing_twice(tmp_path):
+    """Two event loops (a process before and after a crash) on one persisted ledger."""
+    cascade = {"audit_probability": 1, "ledger_path": str(tmp_path / "ledger.sqlite")}
+
+    def play():
+        env = make("synthetic/cascade-v0", **FAST, cascade=cascade)
+        result = asyncio.run(_play(env, env.make_task("train", 4), "<answer>0.3</answer>"))
+        return CascadeRecord.model_validate(result.info["cascade"])
+
+    before, after = play(), play()
+    assert [(s.reused, s.cost) for s in before.stages] == [(False, 0.01), (False, 0.001)]
+    assert [(s.reused, s.cost) for s in after.stages] == [(True, 0.0), (True, 0.0)]
+    assert after.reward == before.reward
