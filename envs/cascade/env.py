@@ -136,22 +136,15 @@ class CascadeEnv(Env):
     async def _run_stage(
         self, ledger: BudgetLedger, key: str, stage: Stage, candidate: Any, probability: float, passed: bool
     ) -> StageRecord:
-        payment = await ledger.pay(key, stage)
-        started = time.perf_counter()
-        value = payment.value
-        if value is None:
-            try:
-                value = float(await self.score(self.evaluate, stage, candidate))
-            except VerifierError as exc:
-                self._withdraw_after(self.stages.index(stage))
-                raise VerifierError(f"cascade stage {stage.name!r} failed: {exc}") from exc
-            except BaseException:
-                self._withdraw_after(self.stages.index(stage))
-                raise
-            if not math.isfinite(value):
-                self._withdraw_after(self.stages.index(stage))
-                raise VerifierError(f"cascade stage {stage.name!r} answered a non-finite value {value}")
-            await ledger.settle(key, value, time.perf_counter() - started)
+        try:
+            payment = await ledger.pay(key, stage)
+            started = time.perf_counter()
+            value = payment.value if payment.value is not None else await self._evaluate(stage, candidate)
+            if payment.value is None:
+                await ledger.settle(key, value, time.perf_counter() - started)
+        except BaseException:  # this episode ends here: its group must not wait for its ranks
+            self._withdraw_after(self.stages.index(stage))
+            raise
         return StageRecord(
             stage=stage.name,
             value=value,
@@ -162,6 +155,18 @@ class CascadeEnv(Env):
             passed_rule=passed,
             reused=payment.value is not None,
         )
+
+    async def _evaluate(self, stage: Stage, candidate: Any) -> float:
+        """``evaluate`` under the scoring deadline; a failure or a non-finite value is ``VerifierError``."""
+        try:
+            value = float(await self.score(self.evaluate, stage, candidate))
+        except VerifierError as exc:
+            raise VerifierError(f"cascade stage {stage.name!r} failed: {exc}") from exc
+        except (TypeError, ValueError) as exc:  # float() of what the stage answered
+            raise VerifierError(f"cascade stage {stage.name!r} answered no number: {exc}") from exc
+        if not math.isfinite(value):
+            raise VerifierError(f"cascade stage {stage.name!r} answered a non-finite value {value}")
+        return value
 
     async def _passes(self, stage: Stage, value: float) -> bool:
         rule = stage.pass_on
