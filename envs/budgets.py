@@ -17,6 +17,7 @@ deadlines. Per step it applies, in order:
        any other error    -> env_error       (episode ends, no reward)
        CredentialsRefusedError -> raised     (STOPS_THE_RUN: a lab or a judge refused our
                                               key; every episode would fail alike)
+       BudgetExhaustedError    -> raised     (STOPS_THE_RUN: a cascade stage's budget is spent)
 
    Outcomes other than invalid_action carry ``info["error"]`` (one line) and
    ``info["traceback"]`` (the full traceback, for the run's error log).
@@ -43,6 +44,7 @@ from typing import Any, TypeVar
 from labrl.envs.base import Env, no_episode_error
 from labrl.envs.types import Action, Message, Observation, Outcome, Split, StepResult, Task
 from labrl.errors import (
+    BudgetExhaustedError,
     CredentialsRefusedError,
     EnvError,
     EnvTimeoutError,
@@ -52,10 +54,10 @@ from labrl.errors import (
 )
 from labrl.resilience import Backoff
 
-# Errors that say the setup is wrong (a lab or a judge refusing our key: LabAuthError, JudgeAuthError),
-# not this episode: every episode would fail the same way, so they stop the env and the run instead
-# of becoming an outcome or a reward.
-STOPS_THE_RUN: tuple[type[BaseException], ...] = (CredentialsRefusedError,)
+# Errors that say the setup is wrong (a lab or a judge refusing our key: LabAuthError, JudgeAuthError;
+# a cascade stage's run budget spent), not this episode: every episode would fail the same way, so
+# they stop the env and the run instead of becoming an outcome or a reward.
+STOPS_THE_RUN: tuple[type[BaseException], ...] = (CredentialsRefusedError, BudgetExhaustedError)
 
 T = TypeVar("T")
 

@@ -20,3 +20,4 @@ def register_builtin_envs() -> None:
     register("sim/structure-search-v0", entry_point="labrl.envs.sim:StructureSearchEnv")
     register("lab/synthesis-v0", entry_point="labrl.envs.lab:SynthesisEnv")
     register("lab/synthesis-multiturn-v0", entry_point="labrl.envs.lab:SynthesisMultiTurnEnv")
+    register("synthetic/cascade-v0", entry_point="labrl.envs.cascade.synthetic:SyntheticCascadeEnv")

@@ -13,11 +13,17 @@ machine-readable ``CheckReport``:
   at the step deadline (the framework's budget, not the env's goodwill);
 - ``invalid_action``: garbage actions give outcome ``invalid_action``, never
   an exception or a scored answer;
-- ``gold``: where the env knows the answer, playing it earns full reward;
+- ``gold``: where the env knows the answer, playing it earns full reward (a cascade env plays it
+  with every stage audited, ``audit_probability=1``: its reward is then the last stage's value);
 - ``max_turns``: a random policy's episode ends within ``max_turns``;
 - ``rewards``: gold and random actions on several seeds never give a NaN or
   infinite reward (the budget wrapper turns one into ``verifier_failed``;
   this check names the env that produced it);
+- ``cascade``: for a cascade env (``labrl.envs.cascade.CascadeEnv``), every scored step's
+  ``info["cascade"]`` is a ``CascadeRecord`` of a prefix of the declared stages, in their units,
+  each run with probability 1 (passed on) or the audit probability, and its reward is the
+  estimator's (``cascade_reward``); under full audit every stage runs and the reward is the last
+  stage's value; a stage that raises ends the step ``verifier_failed`` naming the stage;
 - ``event_loop``: reset and step never hold the event loop longer than
   ``LOOP_STALL_LIMIT_S`` (a heartbeat coroutine measures the longest gap):
   an env that computes or sleeps synchronously stalls every other episode.
@@ -38,6 +44,9 @@ from pydantic import BaseModel, ConfigDict
 
 from labrl.envs.actions import parse_action
 from labrl.envs.base import Env
+from labrl.envs.cascade.env import CascadeEnv
+from labrl.envs.cascade.estimator import cascade_reward
+from labrl.envs.cascade.stages import CascadeRecord, Stage
 from labrl.envs.episode import run_episode, scripted_policy
 from labrl.envs.registry import make
 from labrl.envs.types import Action, EnvSpec, Observation, Outcome, StepResult, Task
@@ -108,6 +117,20 @@ class _Checker:
 
     def fresh(self, **budgets: Any) -> Env:
         return make(self.env_id, budgets=budgets or None, **self.make_kwargs)
+
+    def fully_audited(self) -> Env:
+        """A fresh cascade env whose every stage runs (``cascade.audit_probability = 1``)."""
+        cascade = {**(self.make_kwargs.get("cascade") or {}), "audit_probability": 1.0}
+        return make(self.env_id, **{**self.make_kwargs, "cascade": cascade})
+
+    async def cascade_stages(self) -> tuple[tuple[Stage, ...], float] | None:
+        """The stages and audit probability of a cascade env; None for any other env."""
+        env = self.fresh()
+        try:
+            inner = env.unwrapped
+            return (inner.stages, inner.cascade.audit_probability) if isinstance(inner, CascadeEnv) else None
+        finally:
+            await env.close()
 
     async def play(self, task: Task, actions: list[Action]) -> list[StepResult]:
         env = self.fresh()
@@ -226,13 +249,14 @@ class _Checker:
     async def check_gold(self) -> str:
         env = self.fresh()
         played = 0
+        player = self.fully_audited if await self.cascade_stages() else self.fresh
         try:
             for seed in self.seeds[:3]:
                 task = env.make_task("test", seed)
                 gold = env.gold_actions(task)
                 if gold is None:
                     continue
-                episode = await run_episode(self.fresh(), task, scripted_policy(list(gold)))
+                episode = await run_episode(player(), task, scripted_policy(list(gold)))
                 if episode.outcome is not Outcome.OK or episode.reward is None:
                     raise CheckFailed(
                         f"gold answer on test seed {seed} ended {episode.outcome.value}: {episode.error}"
@@ -290,6 +314,61 @@ class _Checker:
             await env.close()
         return f"{steps} steps, every reward finite or None"
 
+    async def check_cascade(self) -> str:
+        declared = await self.cascade_stages()
+        if declared is None:
+            return "not a cascade env (skipped)"
+        stages, audit = declared
+        records = 0
+        for player, full in ((self.fresh, False), (self.fully_audited, True)):
+            for split in ("train", "test"):
+                for seed in self.seeds[:3]:
+                    probe = self.fresh()
+                    task = probe.make_task(split, seed)
+                    plays = self._probe_actions(probe, task, seed)
+                    await probe.close()
+                    for actions in plays:
+                        env = player()
+                        try:
+                            await env.reset(task)
+                            result = await env.step(actions[0])
+                        finally:
+                            await env.close()
+                        if result.outcome is Outcome.OK:
+                            _check_record(result, stages, 1.0 if full else audit, full)
+                            records += 1
+        failed = await self._failing_stage(stages[-1].name)
+        return f"{records} records of {len(stages)} stages consistent; {failed}"
+
+    async def _failing_stage(self, name: str) -> str:
+        """Make stage ``name`` raise under full audit: the step must be ``verifier_failed`` naming it."""
+        env = self.fully_audited()
+        inner = env.unwrapped
+        assert isinstance(inner, CascadeEnv)
+        original = inner.evaluate
+
+        async def broken(stage: Stage, candidate: Any) -> float:
+            if stage.name == name:
+                raise RuntimeError("stage broken by the checker")
+            return await original(stage, candidate)
+
+        inner.evaluate = broken  # type: ignore[method-assign]
+        # a task no other check played: the ledger has no stored value to answer it with
+        task = env.make_task("train", self.seeds[-1] + 1)
+        gold = env.gold_actions(task)
+        action = next(iter(gold)) if gold else env.random_action(task, random.Random(0))
+        try:
+            await env.reset(task)
+            result = await env.step(action)
+        finally:
+            await env.close()
+        if result.outcome is not Outcome.VERIFIER_FAILED or name not in str(result.info.get("error")):
+            raise CheckFailed(
+                f"a failing stage {name!r} ended the step {result.outcome.value} (reward {result.reward}), "
+                f"not verifier_failed naming the stage: {result.info.get('error')}"
+            )
+        return f"failing stage {name!r} -> verifier_failed"
+
     async def check_event_loop(self) -> str:
         env = self.fresh()
         worst = (0.0, "")
@@ -320,6 +399,31 @@ class _Checker:
                 "and sleep with asyncio.sleep"
             )
         return f"longest event-loop stall {stall * 1000:.0f} ms ({where or 'none'})"
+
+
+def _check_record(result: StepResult, stages: tuple[Stage, ...], audit: float, full: bool) -> None:
+    """``result.info["cascade"]`` is consistent with the declared ``stages`` and the estimator."""
+    if "cascade" not in result.info:
+        raise CheckFailed("a scored step of a cascade env has no info['cascade'] record")
+    record = CascadeRecord.model_validate(result.info["cascade"])
+    if record.declared != tuple(s.name for s in stages):
+        raise CheckFailed(f"the record declares stages {record.declared}, the env {[s.name for s in stages]}")
+    for reached, stage in zip(record.stages, stages, strict=False):
+        if reached.cost_unit is not stage.cost_unit:
+            raise CheckFailed(
+                f"stage {stage.name!r} charged in {reached.cost_unit.value}, declared {stage.cost_unit.value}"
+            )
+    for reached in record.stages[1:]:
+        expected = 1.0 if reached.passed_rule else audit
+        if abs(reached.run_probability - expected) > 1e-12:
+            raise CheckFailed(
+                f"stage {reached.stage!r} ran with probability {reached.run_probability}, not {expected}"
+            )
+    estimate = cascade_reward(record.values, record.run_probabilities)
+    if result.reward is None or abs(result.reward - estimate) > 1e-9 or abs(record.reward - estimate) > 1e-9:
+        raise CheckFailed(f"reward {result.reward} is not the estimator's {estimate} of the record")
+    if full and (len(record.stages) != len(stages) or abs(estimate - record.values[-1]) > 1e-9):
+        raise CheckFailed("under full audit not every stage ran, or the reward is not the last stage's value")
 
 
 def _stall(measured: tuple[float, str]) -> float:
@@ -368,6 +472,7 @@ async def check_env_async(env_id: str, *, seeds: int = 8, **make_kwargs: Any) ->
         ("gold", checker.check_gold),
         ("max_turns", checker.check_max_turns),
         ("rewards", checker.check_rewards),
+        ("cascade", checker.check_cascade),
         ("event_loop", checker.check_event_loop),
     ]
     results = []

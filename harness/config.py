@@ -21,7 +21,9 @@ to the component is reachable here without edits):
   ``labrl.harness.pipeline.config``, with ``overlong``, ``OverlongSection`` of
   ``labrl.harness.pipeline.overlong``), ``sft`` (``SFTSection`` of
   ``labrl.harness.rollout.sft``: the format-only warm start), ``seed``, ``run_dir``,
-  ``backend`` and ``ray`` (``RaySection``).
+  ``backend`` and ``ray`` (``RaySection``), ``cascade`` (``CascadeSection`` of
+  ``labrl.envs.cascade.config``: a cascade env's budgets and audits, handed to the env as its
+  ``cascade`` option).
 
 ``component_configs`` is the one mapping from a run config to the component
 configs; ``labrl.harness.effective.effective_values`` says what its ``auto`` and
@@ -48,6 +50,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
+from labrl.envs.cascade.config import CascadeSection
 from labrl.errors import ConfigError
 from labrl.harness.backends.ray.config import RaySection
 from labrl.harness.identity import IDENTITY
@@ -217,6 +220,10 @@ class RunConfig(_Section):
         default="inprocess", description="inprocess: one process; ray: actors on a Ray cluster (docs/ray.md)"
     )
     ray: RaySection = Field(default_factory=RaySection)
+    cascade: CascadeSection | None = Field(
+        default=None,
+        description="budgets and audits of a cascade env's reward stages (docs/rewards-that-cost-money.md)",
+    )
 
     @model_validator(mode="after")
     def _finite_and_consistent(self) -> RunConfig:

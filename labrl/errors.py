@@ -15,6 +15,7 @@ would reach for, so ``except ValueError`` still catches a bad config::
     ├── VerifierError (RuntimeError)          scoring failed -> outcome verifier_failed (never a 0)
     ├── EnvTimeoutError (TimeoutError)        a phase overran its deadline -> outcome timeout
     ├── CredentialsRefusedError (PermissionError)  a lab or judge refused our key (401/403): stops the run
+    ├── BudgetExhaustedError (RuntimeError)   a cascade stage's run budget is spent: stops the run
     ├── LabError (RuntimeError)               lab adapters (labrl.lab_adapters)
     │   ├── LabTransportError (ConnectionError)
     │   │   └── LabCircuitOpenError           the client's circuit breaker is open: not even tried
@@ -94,6 +95,14 @@ class CredentialsRefusedError(LabrlError, PermissionError):
     """
 
 
+class BudgetExhaustedError(LabrlError, RuntimeError):
+    """A cascade stage would be charged beyond the run's budget for it (``cascade.budgets``).
+
+    Stops the run (``labrl.envs.budgets.STOPS_THE_RUN``): every later episode would need the stage
+    alike, and skipping the audits a spent budget cannot pay for would bias the reward.
+    """
+
+
 class LabError(LabrlError, RuntimeError):
     """Root of lab-adapter errors."""
 
@@ -163,6 +172,7 @@ class RunFailedError(LabrlError, RuntimeError):
 
 
 __all__ = [
+    "BudgetExhaustedError",
     "ConfigError",
     "CredentialsRefusedError",
     "EnvError",

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from labrl.errors import ConfigError
 from labrl.harness.config import ComponentConfigs, RunConfig, component_configs
 from labrl.harness.pipeline.overlong import BudgetForcingSampler
 from labrl.harness.samplers.local import LocalSamplerConfig
@@ -40,9 +41,16 @@ def make_env_factory(cfg: RunConfig) -> EnvFactory:
     from labrl.envs import make
 
     budgets = cfg.env.budgets or None
+    options = dict(cfg.env.options)
+    if cfg.cascade is not None:  # the cascade component's section reaches the env as its option
+        if "cascade" in options:
+            raise ConfigError(
+                "set the cascade either as the cascade: section or as env.options.cascade, not both"
+            )
+        options["cascade"] = cfg.cascade.model_dump(mode="json")
 
     def factory() -> Env:
-        return make(cfg.env.id, budgets=budgets, **cfg.env.options)
+        return make(cfg.env.id, budgets=budgets, **options)
 
     factory()
     return factory

@@ -23,6 +23,7 @@ def test_well_behaved_envs_pass(env_id):
         "gold",
         "max_turns",
         "rewards",
+        "cascade",
         "event_loop",
     ]
     gold = next(c for c in report.checks if c.name == "gold")

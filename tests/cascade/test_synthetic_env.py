@@ -1,0 +1,167 @@
+"""``synthetic/cascade-v0`` through the contract: records, unbiased rewards, budgets, failures, top-k."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+
+import pytest
+
+from labrl.envs import Action, Outcome, StepResult, check_env, make
+from labrl.envs.cascade import CascadeRecord, GroupGate, Stage
+from labrl.errors import BudgetExhaustedError
+
+FAST = {"proxy_latency_s": 1e-4, "truth_latency_s": 1e-4}
+
+
+async def _play(env, task, text):
+    try:
+        await env.reset(task)
+        return await env.step(Action(text=text))
+    finally:
+        await env.close()
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"proxy_shift": 0.3, "proxy_offset": -0.2, "cascade": {"audit_probability": 0.2}}]
+)
+def test_the_contract_checker_passes_the_synthetic_cascade(options):
+    report = check_env("synthetic/cascade-v0", seeds=4, **options)
+    assert report.passed, [c for c in report.checks if not c.passed]
+    cascade = next(c for c in report.checks if c.name == "cascade")
+    assert "failing stage 'truth' -> verifier_failed" in cascade.detail
+
+
+async def test_the_trained_reward_is_unbiased_for_the_truth():
+    """Random answers on many tasks: the mean cascade reward matches the mean truth within 4 SE."""
+    options = {**FAST, "proxy_offset": 0.3, "proxy_noise": 0.2, "cascade": {"audit_probability": 0.3}}
+    rewards, truths, proxies = [], [], []
+    rng = random.Random(0)
+    for seed in range(600):
+        env = make("synthetic/cascade-v0", **options)
+        task = env.make_task("train", seed)
+        text = f"<answer>{rng.random():.4f}</answer>"
+        result = await _play(env, task, text)
+        record = CascadeRecord.model_validate(result.info["cascade"])
+        full = await _play(
+            make("synthetic/cascade-v0", **{**options, "cascade": {"audit_probability": 1}}), task, text
+        )
+        rewards.append(result.reward)
+        truths.append(full.reward)
+        proxies.append(record.values[0])
+    n = len(rewards)
+    diff = [r - t for r, t in zip(rewards, truths, strict=True)]
+    mean = sum(diff) / n
+    se = math.sqrt(sum((d - mean) ** 2 for d in diff) / (n - 1) / n)
+    assert abs(mean) < 4 * se
+    assert sum(proxies) / n - sum(truths) / n > 0.25  # the proxy alone keeps its +0.3 offset
+
+
+async def test_a_repeated_candidate_is_answered_from_the_ledger():
+    env = make("synthetic/cascade-v0", **FAST, cascade={"audit_probability": 1})
+    task = env.make_task("train", 3)
+    first = await _play(env, task, "<answer>0.5</answer>")
+    second = await _play(
+        make("synthetic/cascade-v0", **FAST, cascade={"audit_probability": 1}), task, "<answer>0.5</answer>"
+    )
+    assert first.reward == second.reward
+    stages = CascadeRecord.model_validate(second.info["cascade"]).stages
+    assert [(s.reused, s.cost) for s in stages] == [(True, 0.0), (True, 0.0)]
+
+
+async def test_a_spent_budget_stops_the_run():
+    options = {**FAST, "truth_cost_gpu_h": 1.0}
+    cascade = {"audit_probability": 1, "budgets": {"truth": {"limit": 2.5, "unit": "gpu_h"}}}
+    for seed in range(2):
+        env = make("synthetic/cascade-v0", **options, cascade=cascade)
+        assert (await _play(env, env.make_task("train", seed), "<answer>0.5</answer>")).outcome is Outcome.OK
+    env = make("synthetic/cascade-v0", **options, cascade=cascade)
+    with pytest.raises(BudgetExhaustedError, match=r"'truth': 2 of its 2\.5 gpu_h"):
+        await _play(env, env.make_task("train", 2), "<answer>0.5</answer>")
+
+
+async def test_a_failing_stage_is_verifier_failed_with_no_reward():
+    env = make("synthetic/cascade-v0", **FAST, cascade={"audit_probability": 1})
+
+    async def broken(stage: Stage, candidate: float) -> float:
+        return math.nan if stage.name == "truth" else 0.5
+
+    env.unwrapped.evaluate = broken
+    result = await _play(env, env.make_task("train", 5), "<answer>0.5</answer>")
+    assert result.outcome is Outcome.VERIFIER_FAILED and result.reward is None
+    assert "cascade stage 'truth' answered a non-finite value" in result.info["error"]
+
+
+async def test_top_k_passes_the_best_of_the_group_and_needs_a_group():
+    options = {**FAST, "top_k": 1, "proxy_noise": 0.0, "cascade": {"audit_probability": 1e-4}}
+    answers = ["0.1", "0.9", "0.45", "0.6"]
+    envs = [make("synthetic/cascade-v0", **options) for _ in answers]
+    task = envs[0].make_task("train", 0)
+    gate = GroupGate(len(envs))
+    for member, env in enumerate(envs):
+        env.unwrapped.join_group(gate, member)
+    results = await asyncio.gather(
+        *(_play(e, task, f"<answer>{a}</answer>") for e, a in zip(envs, answers, strict=True))
+    )
+    reached = [len(r.info["cascade"]["stages"]) for r in results]
+    target = float(task.answer)
+    best = min(range(len(answers)), key=lambda i: abs(float(answers[i]) - target))
+    assert reached == [2 if i == best else 1 for i in range(len(answers))]
+
+    alone = make("synthetic/cascade-v0", **options)
+    result = await _play(alone, task, "<answer>0.5</answer>")
+    assert result.outcome is Outcome.ENV_ERROR and "joined no group" in result.info["error"]
+
+
+async def test_a_member_that_fails_early_does_not_hold_up_its_group():
+    options = {**FAST, "top_k": 1, "cascade": {"audit_probability": 1e-4}}
+    envs = [make("synthetic/cascade-v0", **options) for _ in range(2)]
+    task = envs[0].make_task("train", 0)
+    gate = GroupGate(2)
+    for member, env in enumerate(envs):
+        env.unwrapped.join_group(gate, member)
+
+    async def broken(stage: Stage, candidate: float) -> float:
+        raise RuntimeError("proxy down")
+
+    envs[1].unwrapped.evaluate = broken
+    ok, failed = await asyncio.wait_for(
+        asyncio.gather(
+            _play(envs[0], task, "<answer>0.5</answer>"), _play(envs[1], task, "<answer>0.5</answer>")
+        ),
+        timeout=10,
+    )
+    assert failed.outcome is Outcome.VERIFIER_FAILED and ok.outcome is Outcome.OK
+    assert len(ok.info["cascade"]["stages"]) == 2  # alone in its ranking, it is the top 1
+
+
+def test_the_checker_catches_a_reward_that_is_not_the_estimators(monkeypatch):
+    """An env that trains on its cheap proxy alone, recording the cascade honestly, fails the check."""
+    from labrl.envs.cascade.synthetic import SyntheticCascadeEnv
+
+    async def proxy_only(self, action):
+        record = await self.run_cascade(self.episode_task(), self.candidate(action))
+        return StepResult(
+            reward=record.values[0], done=True, info={"cascade": record.model_dump(mode="json")}
+        )
+
+    monkeypatch.setattr(SyntheticCascadeEnv, "step", proxy_only)
+    report = check_env("synthetic/cascade-v0", seeds=4, proxy_offset=0.2)
+    cascade = next(c for c in report.checks if c.name == "cascade")
+    assert not cascade.passed and "is not the estimator's" in cascade.detail
+
+
+def test_a_restarted_process_pays_nothing_twice(tmp_path):
+    """Two event loops (a process before and after a crash) on one persisted ledger."""
+    cascade = {"audit_probability": 1, "ledger_path": str(tmp_path / "ledger.sqlite")}
+
+    def play():
+        env = make("synthetic/cascade-v0", **FAST, cascade=cascade)
+        result = asyncio.run(_play(env, env.make_task("train", 4), "<answer>0.3</answer>"))
+        return CascadeRecord.model_validate(result.info["cascade"])
+
+    before, after = play(), play()
+    assert [(s.reused, s.cost) for s in before.stages] == [(False, 0.01), (False, 0.001)]
+    assert [(s.reused, s.cost) for s in after.stages] == [(True, 0.0), (True, 0.0)]
+    assert after.reward == before.reward
