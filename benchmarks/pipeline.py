@@ -103,13 +103,12 @@ async def warm_start(args) -> dict:
     return {k: v.clone() for k, v in learner.model.state_dict().items() if isinstance(v, torch.Tensor)}
 
 
-async def run_mode(mode: str, args, init_state: dict, *, traces: bool | None = None) -> dict:
-    """One mode's run; ``traces`` on or off: into a fresh run directory, with ``episode_traces`` so set."""
-    data = config(mode, args)
-    run_dir = None
-    if traces is not None:
-        data["pipeline"]["episode_traces"] = traces
-        run_dir = tempfile.mkdtemp(prefix="labrl-trace-cost-")
+async def train(
+    data: dict, latency_p50: float, init_state: dict, run_dir: str | None = None
+) -> tuple[Orchestrator, list[dict], float]:
+    """Train the run config ``data`` from ``init_state`` on the lognormal-latency env (median
+    ``latency_p50`` s); the orchestrator, its step records and the wall seconds of ``run``.
+    ``run_dir`` (a directory for metrics.jsonl, episodes.jsonl, ...) or none, as ``Orchestrator`` takes it."""
     cfg = build_run_config(data)
     torch.manual_seed(cfg.seed)
     tokenizer = ByteTokenizer()
@@ -119,14 +118,24 @@ async def run_mode(mode: str, args, init_state: dict, *, traces: bool | None = N
     records: list[dict] = []
     orch = Orchestrator(
         cfg.pipeline,
-        make_env=lambda: LatencyEnv(make(cfg.env.id, **cfg.env.options), args.latency_p50),
+        make_env=lambda: LatencyEnv(make(cfg.env.id, **cfg.env.options), latency_p50),
         sampler=sampler, learner=learner, tokenizer=tokenizer,
         sampling=SamplingParams(max_new_tokens=cfg.sampler.max_new_tokens, temperature=1.0),
         seed=cfg.seed, return_routed_experts=True, on_step=records.append, run_dir=run_dir,
     )  # fmt: skip
     t0 = time.perf_counter()
     await orch.run()
-    wall = time.perf_counter() - t0
+    return orch, records, time.perf_counter() - t0
+
+
+async def run_mode(mode: str, args, init_state: dict, *, traces: bool | None = None) -> dict:
+    """One mode's run; ``traces`` on or off: into a fresh run directory, with ``episode_traces`` so set."""
+    data = config(mode, args)
+    run_dir = None
+    if traces is not None:
+        data["pipeline"]["episode_traces"] = traces
+        run_dir = tempfile.mkdtemp(prefix="labrl-trace-cost-")
+    orch, records, wall = await train(data, args.latency_p50, init_state, run_dir)
     last = records[-3:]
     if run_dir is not None:
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -3,7 +3,11 @@
 From ``episodes.jsonl`` (``pipeline.traces``), over every episode with a line:
 
 - ``turns``, ``tokens_per_turn`` and ``env_s`` (every env call: resets and steps, pooled):
-  empirical distributions (``draws.Empirical``), drawn as observed;
+  empirical distributions (``draws.Empirical``), drawn as observed; the closed form takes
+  their means;
+- ``groups``: each traced group's played episodes (tokens per turn, env call seconds), which
+  the simulator replays whole (``EpisodeModel``), keeping the correlation of a group's
+  episodes (one task) and of an episode's calls;
 - ``decode_tokens_per_s`` ``r = sum(generated_tokens) / sum(generation_s)``: one sequence's
   rate as the run saw it, its sampler's contention included;
 - ``keep_rate`` = kept groups / groups with a line (a group is kept when any episode of it
@@ -29,7 +33,7 @@ from labrl.harness.metrics import read_jsonl
 from labrl.harness.pipeline.traces import EPISODES_FILE, read_episode_traces
 from labrl.harness.planning.draws import Empirical
 from labrl.harness.planning.model import Workload
-from labrl.harness.planning.simulate import EpisodeModel
+from labrl.harness.planning.simulate import EpisodeModel, TracedEpisode
 
 KEPT_FATES = frozenset({"trained", "masked"})
 
@@ -68,11 +72,17 @@ def calibrate_episodes(records: list[dict[str, Any]]) -> EpisodeCalibration:
     groups: dict[int, bool] = {}
     for r in records:
         groups[r["group"]] = groups.get(r["group"], False) or r["fate"] in KEPT_FATES
+    members: dict[int, list[TracedEpisode]] = {}
+    for r in played:
+        members.setdefault(r["group"], []).append(
+            TracedEpisode(tuple(r["generated_tokens"]), tuple(r["env_s"]))
+        )
     episode = EpisodeModel(
         turns=Empirical.of([r["turns"] for r in played], "turns"),
         tokens_per_turn=Empirical.of(tokens, "generated tokens"),
         env_s=Empirical.of([s for r in records for s in r["env_s"]], "env calls"),
         keep_rate=sum(groups.values()) / len(groups),
+        groups=tuple(tuple(m) for m in members.values()),
     )
     return EpisodeCalibration(episode, sum(tokens) / seconds, len(records), len(groups))
 

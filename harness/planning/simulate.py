@@ -120,13 +120,30 @@ class Station:
 
 
 @dataclass(frozen=True)
+class TracedEpisode:
+    """One traced episode's costs as they were: tokens of each turn, env seconds of each call (reset first)."""
+
+    tokens: tuple[float, ...]
+    env_s: tuple[float, ...]
+
+
+@dataclass(frozen=True)
 class EpisodeModel:
-    """One episode's costs as distributions: turns (rounded, at least 1), tokens per turn, env seconds per call."""
+    """One episode's costs as distributions: turns (rounded, at least 1), tokens per turn, env seconds per call.
+
+    With ``groups`` (traced groups, each its episodes), a simulated group replays one of them
+    drawn at random, member ``i`` as its episode ``i mod`` its size: the costs of a group's
+    episodes stay as correlated as they were (the members play one task, so an env whose
+    latency depends on the task is slow for the whole group; independent draws would make
+    every group as slow as the slowest of ``G`` draws). An env call past a traced episode's
+    own is drawn from ``env_s``.
+    """
 
     turns: Draw
     tokens_per_turn: Draw
     env_s: Draw  # one env call: the reset, or a step
     keep_rate: float = 1.0  # the fraction of finished groups the buffer keeps
+    groups: tuple[tuple[TracedEpisode, ...], ...] = ()
 
 
 @dataclass
@@ -220,13 +237,25 @@ class PipelineSim:
             if remaining[0] == 0:
                 self.group_finished(group)
 
-        for _ in range(self.layout.group_size):
-            self.run_episode(versions, episode_done)
+        traced = self.rng.choice(self.episode.groups) if self.episode.groups else None
+        for i in range(self.layout.group_size):
+            self.run_episode(versions, episode_done, traced[i % len(traced)] if traced else None)
 
-    def run_episode(self, versions: list[int], done: Callable[[], None]) -> None:
-        """Reset, then per turn a generation and an env step; ``versions`` gets its tokens' version."""
+    def run_episode(
+        self, versions: list[int], done: Callable[[], None], traced: TracedEpisode | None = None
+    ) -> None:
+        """Reset, then per turn a generation and an env step; ``versions`` gets its tokens' version.
+        ``traced``: the turns, tokens and env calls of a traced episode instead of draws."""
         ep, rate = self.episode, self.layout.decode_tokens_per_s
-        turns = max(1, round(ep.turns.sample(self.rng)))
+        turns = len(traced.tokens) if traced else max(1, round(ep.turns.sample(self.rng)))
+
+        def tokens(turn_index: int) -> float:
+            return traced.tokens[turn_index] if traced else ep.tokens_per_turn.sample(self.rng)
+
+        def env_call(call_index: int) -> float:
+            if traced and call_index < len(traced.env_s):
+                return traced.env_s[call_index]
+            return ep.env_s.sample(self.rng)
 
         def stamp() -> None:
             # the stalest token is the first one made, with the weights the sampler holds when the
@@ -237,13 +266,14 @@ class PipelineSim:
             if left == 0:
                 done()
                 return
+            index = turns - left
             self.sampler.submit(
-                ep.tokens_per_turn.sample(self.rng) / rate,
-                lambda: self.env.submit(ep.env_s.sample(self.rng), lambda: turn(left - 1)),
+                tokens(index) / rate,
+                lambda: self.env.submit(env_call(index + 1), lambda: turn(left - 1)),
                 on_start=stamp if left == turns else None,
             )
 
-        self.env.submit(ep.env_s.sample(self.rng), lambda: turn(turns))  # the reset
+        self.env.submit(env_call(0), lambda: turn(turns))  # the reset
 
     def group_finished(self, group: Group) -> None:
         self.inflight_groups -= 1

@@ -85,3 +85,11 @@ def test_labrl_plan_prints_ranked_layouts_and_flags_staleness_over_the_bound(cap
 def test_labrl_plan_refuses_a_missing_run(tmp_path, capsys):
     assert main(["plan", str(CONFIG), "--from-run", str(tmp_path)]) != 0
     assert "episodes.jsonl is missing" in capsys.readouterr().err
+
+
+def test_each_traced_group_is_kept_whole_for_replay():
+    episodes, _ = calibrate_run(RUN)
+    groups = episodes.episode.groups
+    assert len(groups) == 10 and all(len(g) == 4 for g in groups)
+    member = groups[0][1]  # group 0, member 1: 2 turns of 20 tokens, a 0.1 s reset and two 0.4 s steps
+    assert (member.tokens, member.env_s) == ((20, 20), (0.1, 0.4, 0.4))

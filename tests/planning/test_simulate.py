@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from labrl.harness.planning.draws import Constant, Exponential, LogNormal
+from labrl.harness.planning.draws import Constant, Empirical, Exponential, LogNormal
 from labrl.harness.planning.model import Layout, Workload, steady_state
-from labrl.harness.planning.simulate import EpisodeModel, EventLoop, Station, simulate
+from labrl.harness.planning.simulate import EpisodeModel, EventLoop, Station, TracedEpisode, simulate
 
 
 def erlang_c_wait(servers: int, arrival_rate: float, service_rate: float) -> float:
@@ -117,3 +117,31 @@ def test_heavy_tailed_env_latency_puts_stragglers_over_the_bound():
     result = simulate(episode, ample(learner_step_s=0.2, max_staleness=1), seconds=2000.0, seed=2)
     assert result.over_max_staleness > 0
     assert result.staleness_p50 <= 1
+
+
+def test_a_traced_group_replays_its_members_as_they_were():
+    # one traced group of a fast member (0.1 s generation + 0.2 s step) and a slow one (0.1 + 1.0 s);
+    # sync, one group per batch: every step waits for the slow member, 1.1 s, then trains 0.1 s
+    fast, slow = TracedEpisode((10,), (0.0, 0.2)), TracedEpisode((10,), (0.0, 1.0))
+    episode = EpisodeModel(Constant(5), Constant(99), Constant(9.0), groups=((fast, slow),))
+    lay = ample(batch_groups=1, group_size=4, max_staleness=0, learner_step_s=0.1)
+    assert simulate(episode, lay, seconds=200.0, mode="sync").steps_per_s == pytest.approx(1 / 1.2, rel=1e-9)
+
+
+def test_replayed_groups_keep_their_members_correlated():
+    # half the traced groups are all fast (env 0.1 + 0.1 s), half all slow (0.5 + 0.5 s); a step is
+    # the group's 0.1 s generation, its env calls and 0.1 s of training: replayed, 0.4 or 1.2 s, 0.8 s
+    # on average. Drawn independently from the same pooled calls, a member's env time is 0.2, 0.6 or
+    # 1.0 s (1/4, 1/2, 1/4) and a group's the larger of two: E = (0.2 + 8 x 0.6 + 7 x 1.0) / 16 = 0.75 s,
+    # a 0.95 s step
+    fast, slow = TracedEpisode((10,), (0.1, 0.1)), TracedEpisode((10,), (0.5, 0.5))
+    pooled = Empirical.of([0.1, 0.1, 0.5, 0.5], "env calls")
+    lay = ample(batch_groups=1, group_size=2, max_staleness=0, learner_step_s=0.1)
+    replayed = EpisodeModel(Constant(1), Constant(10), pooled, groups=((fast, fast), (slow, slow)))
+    independent = EpisodeModel(Constant(1), Constant(10), pooled)
+    assert simulate(replayed, lay, seconds=20_000.0, mode="sync").steps_per_s == pytest.approx(
+        1 / 0.8, rel=0.02
+    )
+    assert simulate(independent, lay, seconds=20_000.0, mode="sync").steps_per_s == pytest.approx(
+        1 / 0.95, rel=0.02
+    )
