@@ -27,8 +27,9 @@ benchmarks/results/planner/ (a session's background jobs die at its end):
 ``--run NAME`` trains layout NAME into benchmarks/results/planner/NAME/ (its ``metrics.jsonl``
 and ``episodes.jsonl`` only) and writes NAME.json there: the run config, wall seconds and
 ``os.getloadavg()`` at its start and end. The warm start is computed once per seed and kept
-beside them (``warm_start_seed<N>.pt``, not committed). ``--merge`` compares every layout run
-so far and lists those missing.
+beside them (``warm_start_seed<N>.pt``, not committed); so are the layouts' run directories
+(~1.5 MB each: the repository keeps NAME.json and the merged results/planner.json). ``--merge``
+compares every layout run so far (it reads the run directories) and lists those missing.
 """
 
 from __future__ import annotations
