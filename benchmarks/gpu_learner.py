@@ -15,9 +15,10 @@ MoE and a 64-expert top-8 MoE, 4 layers, hidden 2048, expert FFN 1024, vocab
 
 Per row: tokens/s, model TFLOP/s and MFU against the device's dense bf16 peak
 (FLOPs per token = 6 * active matmul parameters + 6 * layers * hidden * T for
-causal attention, the same count for every path; ``labrl`` also runs the
-no-grad forward that gives the old log-probs, ~1/3 more compute that this
-count leaves out, so at equal efficiency it shows ~0.75x), and peak memory.
+causal attention, the same count for every path; ``labrl``'s default objective
+takes the old log-probs from the loss forward, so it runs no extra forward:
+its row also times ``learner.proximal_forward=separate``, the no-grad forward
+first as before issue 26, for the ratio in the same run), and peak memory.
 Plus the local sampler's decode tokens/s.
 
 CPU part (``--cpu``; ``--timed`` adds learner step times): padding fraction
@@ -152,11 +153,18 @@ def row(name: str, cfg: MoEModelConfig, tokens: int, seconds: float, T: int, pea
 def bench_labrl(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, peak) -> dict:
     torch.cuda.empty_cache()  # the previous path's tensors died with its function
     torch.cuda.reset_peak_memory_stats()
-    learner = MegatronLearner(LearnerConfig(model=cfg, micro_batch_size=mbs, router_replay=False))
+    config = LearnerConfig(model=cfg, micro_batch_size=mbs, router_replay=False)
+    learner = MegatronLearner(config)
     batch = synthetic_batch(cfg, B, T)
     seconds = cuda_timed(lambda: learner.train_step(batch), repeats)
     out = row("labrl MegatronLearner.train_step", cfg, B * T, seconds, T, peak)
     out["spec"] = learner.spec.name
+    del learner
+    torch.cuda.empty_cache()
+    separate = MegatronLearner(config.model_copy(update={"proximal_forward": "separate"}))
+    before = cuda_timed(lambda: separate.train_step(batch), repeats)
+    out["separate_proximal_forward_tokens_per_s"] = B * T / before
+    out["vs_separate_proximal_forward"] = before / seconds
     return out
 
 
