@@ -150,19 +150,22 @@ def row(name: str, cfg: MoEModelConfig, tokens: int, seconds: float, T: int, pea
     }
 
 
+def timed_train_step(config: LearnerConfig, batch, repeats: int) -> tuple[float, str]:
+    """Seconds per ``train_step`` of a fresh learner on ``batch``, and its layer spec's name."""
+    learner = MegatronLearner(config)
+    return cuda_timed(lambda: learner.train_step(batch), repeats), learner.spec.name
+
+
 def bench_labrl(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, peak) -> dict:
     torch.cuda.empty_cache()  # the previous path's tensors died with its function
     torch.cuda.reset_peak_memory_stats()
     config = LearnerConfig(model=cfg, micro_batch_size=mbs, router_replay=False)
-    learner = MegatronLearner(config)
     batch = synthetic_batch(cfg, B, T)
-    seconds = cuda_timed(lambda: learner.train_step(batch), repeats)
+    seconds, spec = timed_train_step(config, batch, repeats)
     out = row("labrl MegatronLearner.train_step", cfg, B * T, seconds, T, peak)
-    out["spec"] = learner.spec.name
-    del learner
-    torch.cuda.empty_cache()
-    separate = MegatronLearner(config.model_copy(update={"proximal_forward": "separate"}))
-    before = cuda_timed(lambda: separate.train_step(batch), repeats)
+    out["spec"] = spec
+    torch.cuda.empty_cache()  # the first learner died with timed_train_step
+    before, _ = timed_train_step(config.model_copy(update={"proximal_forward": "separate"}), batch, repeats)
     out["separate_proximal_forward_tokens_per_s"] = B * T / before
     out["vs_separate_proximal_forward"] = before / seconds
     return out
