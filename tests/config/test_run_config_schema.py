@@ -243,7 +243,9 @@ def test_the_tiny_gpu_recipe_builds_and_warm_starts_on_cpu():
 
     path = ROOT / "configs" / "gpu" / "tiny-moe-qwen3-sglang.yaml"
     assert load_run_config(path).sft.enabled
-    cfg = load_run_config(path, ["learner.device=cpu", "sft.steps=2", "sft.batch_size=2", "sft.num_prompts=4"])
+    cfg = load_run_config(
+        path, ["learner.device=cpu", "sft.steps=2", "sft.batch_size=2", "sft.num_prompts=4"]
+    )
     learner = build_learner(cfg)
     assert learner.device.type == "cpu" and learner.dtype == torch.bfloat16
     assert learner.config.model.qk_layernorm
