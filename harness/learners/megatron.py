@@ -31,11 +31,11 @@ are shuffled per epoch (seeded by the learner seed, batch and epoch).
 
 Non-finite values: if the proximal log-probs are non-finite on a loss-mask
 token the whole batch is skipped (without the separate forward: when the
-micro-batch that has them runs, dropping the gradients accumulated so far); if a step's loss or gradient norm is
-non-finite that optimizer step is skipped (gradients dropped, weights and
-optimizer state untouched). Skips are counted in ``learner/skipped_steps``
-and logged; ``learner.max_consecutive_skips`` skips in a row raise
-``LearnerError``. A batch whose steps were all skipped publishes no version.
+micro-batch that has them runs, dropping the gradients accumulated so far);
+if a step's loss or gradient norm is non-finite that optimizer step is
+skipped (gradients dropped, weights and optimizer state untouched). Skips
+are counted in ``learner/skipped_steps`` and logged;
+``learner.max_consecutive_skips`` skips in a row raise ``LearnerError``. A batch whose steps were all skipped publishes no version.
 
 Log-probs are token-aligned like the batch: ``logp[b, t] = log softmax(z[b, t-1] /
 temperature)[tokens[b, t]]`` (0 at t = 0), so they compare one-to-one with
@@ -414,6 +414,7 @@ class MegatronLearner:
             self.master.copy_to_model()
         self.optimizer_steps += 1
         self.consecutive_skips = 0
+        assert prepared is not None  # the last micro-batch's share: its batch metrics are left out
         summed = objectives.combine_metrics(prepared, micro_metrics)
         out = {k: v for k, v in summed.items() if k not in prepared.metrics}
         out["learner/grad_norm"] = grad_norm

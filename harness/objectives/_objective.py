@@ -22,6 +22,12 @@ with ``pg`` the configured policy loss, ``weight`` the product of TIS / IcePop
 weights and ``keep`` the AND of the masks, then aggregated over valid tokens
 (loss mask and finite sampler log-prob) with the global denominator.
 
+With one optimizer step per batch the no-grad forward can be dropped: each
+micro-batch's ``old`` is its loss forward, detached, and ``prepare_rows``
+gives its share of ``prepare`` from its own rows when the objective has no
+whole-batch term (``whole_batch_terms``: M2PO); ``prepare`` over the filled-in
+``old`` then gives the batch metrics.
+
 Decoupled PPO (AReaL, arXiv 2505.24298): three policies are kept apart. The
 behaviour policy ``mu`` generated the tokens (sampler log-probs, possibly many
 versions old); the proximal policy ``pi_prox`` is the learner at the start of
