@@ -22,9 +22,10 @@ bare megatron-core with the same experts module.
 
 Per row: tokens/s, model TFLOP/s and MFU against the device's dense bf16 peak
 (FLOPs per token = 6 * active matmul parameters + 6 * layers * hidden * T for
-causal attention, the same count for every path; ``labrl`` also runs the
-no-grad forward that gives the old log-probs, ~1/3 more compute that this
-count leaves out, so at equal efficiency it shows ~0.75x), and peak memory.
+causal attention, the same count for every path; ``labrl``'s default objective
+takes the old log-probs from the loss forward, so it runs no extra forward:
+its row also times ``learner.proximal_forward=separate``, the no-grad forward
+first as before issue 26, for the ratio in the same run), and peak memory.
 Plus the local sampler's decode tokens/s.
 
 CPU part (``--cpu``; ``--timed`` adds learner step times): padding fraction
@@ -159,17 +160,28 @@ def row(name: str, cfg: MoEModelConfig, tokens: int, seconds: float, T: int, pea
 EXPERTS = {"sequential": "SequentialMLP", "grouped_mm": "TorchGroupedMLP"}
 
 
+def timed_train_step(config: LearnerConfig, batch, repeats: int) -> tuple[float, MegatronLearner]:
+    """Seconds per ``train_step`` of a fresh learner on ``batch``, and the learner (for its spec)."""
+    learner = MegatronLearner(config)
+    return cuda_timed(lambda: learner.train_step(batch), repeats), learner
+
+
 def bench_labrl(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, peak, experts: str) -> dict:
     torch.cuda.empty_cache()  # the previous path's tensors died with its function
     torch.cuda.reset_peak_memory_stats()
-    learner = MegatronLearner(
-        LearnerConfig(model=cfg, micro_batch_size=mbs, router_replay=False, precision="bf16", experts=experts)
+    config = LearnerConfig(
+        model=cfg, micro_batch_size=mbs, router_replay=False, precision="bf16", experts=experts
     )
     batch = synthetic_batch(cfg, B, T)
-    seconds = cuda_timed(lambda: learner.train_step(batch), repeats)
+    seconds, learner = timed_train_step(config, batch, repeats)
     out = row(f"labrl MegatronLearner.train_step, {EXPERTS[experts]}", cfg, B * T, seconds, T, peak)
     out["spec"] = learner.spec.name
     out["experts"] = learner.spec.experts.name
+    del learner
+    torch.cuda.empty_cache()  # the first learner is gone before the second is built
+    before, _ = timed_train_step(config.model_copy(update={"proximal_forward": "separate"}), batch, repeats)
+    out["separate_proximal_forward_tokens_per_s"] = B * T / before
+    out["vs_separate_proximal_forward"] = before / seconds
     return out
 
 

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from labrl.harness.identity import IDENTITY
+from labrl.harness.learners.proximal import ProximalForwardChoice
 from labrl.harness.models.config import MoEModelConfig, ParallelConfig, get_preset
 from labrl.harness.models.device import DEVICE_PATTERN, ExpertsRequest, PrecisionChoice
 from labrl.harness.objectives import ObjectiveConfig
@@ -109,6 +110,11 @@ class LearnerConfig(BaseModel):
         ge=1,
         description="passes over each batch; epochs * minibatches optimizer steps per batch, "
         "all publishing one policy version (1 = the default)",
+    )
+    proximal_forward: ProximalForwardChoice = Field(
+        default="auto",
+        description="auto: with one optimizer step per batch, take the proximal log-probs from the loss forward "
+        "(one micro-batch, or no whole-batch term such as M2PO) | separate: always a no-grad forward first",
     )
     max_consecutive_skips: int = Field(
         default=5,

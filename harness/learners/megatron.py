@@ -12,6 +12,14 @@ One ``train_step(batch)``::
             clip global grad norm; AdamW step     # skipped if a loss or the grad norm is non-finite
     LR schedule step; version += 1                # once per batch: one new policy version
 
+With one optimizer step per batch the first line is redundant where the
+objective allows (``labrl.harness.learners.proximal`` decides, per batch): a
+batch of one micro-batch, or an objective without whole-batch terms (no
+M2PO), takes each micro-batch's ``old`` from its loss forward, detached
+(``objectives.prepare_rows``), and runs ``objectives.prepare`` on the
+filled-in ``old`` after the backward passes for the batch diagnostics; the
+metric ``learner/proximal_forward`` is 1 when the separate forward ran.
+
 A batch's optimizer steps publish ONE new policy version (the orchestrator
 pushes weights once per ``train_step``), so ``max_staleness`` and admission
 count batches, not optimizer steps, and the LR schedule advances once per
@@ -22,11 +30,12 @@ what makes the objective's clip act (decoupled PPO, see
 are shuffled per epoch (seeded by the learner seed, batch and epoch).
 
 Non-finite values: if the proximal log-probs are non-finite on a loss-mask
-token the whole batch is skipped; if a step's loss or gradient norm is
-non-finite that optimizer step is skipped (gradients dropped, weights and
-optimizer state untouched). Skips are counted in ``learner/skipped_steps``
-and logged; ``learner.max_consecutive_skips`` skips in a row raise
-``LearnerError``. A batch whose steps were all skipped publishes no version.
+token the whole batch is skipped (without the separate forward: when the
+micro-batch that has them runs, dropping the gradients accumulated so far);
+if a step's loss or gradient norm is non-finite that optimizer step is
+skipped (gradients dropped, weights and optimizer state untouched). Skips
+are counted in ``learner/skipped_steps`` and logged;
+``learner.max_consecutive_skips`` skips in a row raise ``LearnerError``. A batch whose steps were all skipped publishes no version.
 
 Log-probs are token-aligned like the batch: ``logp[b, t] = log softmax(z[b, t-1] /
 temperature)[tokens[b, t]]`` (0 at t = 0), so they compare one-to-one with
@@ -67,6 +76,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -76,6 +86,7 @@ from labrl.harness import objectives
 from labrl.harness.learners.config import LearnerConfig
 from labrl.harness.learners.model_parallel import gather_full_state, sequence_parallel
 from labrl.harness.learners.precision import adamw_with_precision
+from labrl.harness.learners.proximal import proximal_forward
 from labrl.harness.models import device as dev
 from labrl.harness.models.build import build_gpt_model, causal_attention_mask, count_parameters, spec_choice
 from labrl.harness.models.routing import (
@@ -88,6 +99,14 @@ from labrl.harness.rollout.batching import micro_batches, to_device
 from labrl.harness.types import TrainBatch
 
 log = logging.getLogger(__name__)
+
+# A micro-batch's share of the prepared batch from (positions, T, its forward's log-probs); None skips the step.
+MicroPrepared = Callable[[torch.Tensor, int, torch.Tensor], objectives.PreparedBatch | None]
+
+
+def _selected(prepared: objectives.PreparedBatch) -> MicroPrepared:
+    """Micro-batches of an already prepared batch: their rows of it."""
+    return lambda pos, T, logp: prepared.select(pos)
 
 
 class MegatronLearner:
@@ -199,42 +218,20 @@ class MegatronLearner:
             self.master.copy_from_model()
             self._masters_synced = True
         replay = batch.routed_experts_B_T_L_K if cfg.router_replay else None
-        ref_B_T = None
-        if self.reference_model is not None:
-            if not self._reference_frozen:
-                self.freeze_reference()
-            old_B_T, ref_B_T = self._no_grad_logprobs(batch.tokens_B_T, replay, plan, with_reference=True)
-        else:
-            old_B_T, _ = self._no_grad_logprobs(batch.tokens_B_T, replay, plan, with_reference=False)
+        if self.reference_model is not None and not self._reference_frozen:
+            self.freeze_reference()
+        proximal = proximal_forward(
+            choice=cfg.proximal_forward,
+            optimizer_steps=cfg.minibatches * cfg.epochs,
+            micro_batches=len(plan),
+            whole_batch_terms=objectives.whole_batch_terms(cfg.objective),
+        )
         proximal_version = self._version
-        bad = int((batch.loss_mask_B_T & ~torch.isfinite(old_B_T)).sum())
-        if bad:
-            self._record_skip(f"{bad} non-finite proximal log-probs on loss-mask tokens: batch skipped")
-            return self._skip_metrics(started, skipped=1)
-        inputs = objectives.ObjectiveInputs.from_train_batch(batch, old_B_T, self._version, ref_B_T)
-        prepared = objectives.prepare(cfg.objective, inputs)
-        step_metrics: list[dict[str, float]] = []
-        skipped = 0
-        for rows in self._minibatch_rows(batch.batch_size):
-            if rows is None:  # the whole batch: the plan already made for it
-                metrics = self._optimizer_step(batch, replay, prepared, plan)
-            else:
-                rows = rows.to(self.device)
-                order, spans = micro_batches(
-                    batch.attention_mask_B_T[rows].cpu(),
-                    cfg.micro_batch_size,
-                    sort_by_length=cfg.length_sorted_micro_batches,
-                )
-                pos = torch.tensor(order, dtype=torch.long, device=self.device)
-                sub_plan = [(pos[start:stop], T) for start, stop, T in spans]
-                metrics = self._optimizer_step(
-                    batch, replay, objectives.minibatch(cfg.objective, prepared, rows), sub_plan, rows
-                )
-            if metrics is None:
-                skipped += 1
-                continue
-            step_metrics.append(metrics)
-        if not step_metrics:
+        if proximal.separate:
+            prepared, step_metrics, skipped = self._steps_after_proximal_forward(batch, replay, plan)
+        else:
+            prepared, step_metrics, skipped = self._step_on_loss_forward(batch, replay, plan)
+        if prepared is None or not step_metrics:
             return self._skip_metrics(started, skipped=skipped)
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
@@ -258,7 +255,8 @@ class MegatronLearner:
             "learner/tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
             "learner/tokens": float(tokens),
             "learner/router_replay": float(replay is not None),
-            "learner/reference": float(ref_B_T is not None),
+            "learner/reference": float(self.reference_model is not None),
+            "learner/proximal_forward": float(proximal.separate),
             "learner/version": float(self._version),
             "learner/proximal_version": float(proximal_version),
             "learner/optimizer_steps": float(len(step_metrics)),
@@ -266,6 +264,92 @@ class MegatronLearner:
             "learner/consecutive_skips": float(self.consecutive_skips),
         }
         return out
+
+    def _steps_after_proximal_forward(
+        self, batch: TrainBatch, replay: torch.Tensor | None, plan: list[tuple[torch.Tensor, int]]
+    ) -> tuple[objectives.PreparedBatch | None, list[dict[str, float]], int]:
+        """A no-grad forward over the batch for ``pi_prox`` (and the reference), then every optimizer step.
+
+        Returns the prepared batch (None if the batch was skipped), each
+        optimizer step's metrics and the number of skipped steps.
+        """
+        cfg = self.config
+        with_reference = self.reference_model is not None
+        old_B_T, ref_B_T = self._no_grad_logprobs(
+            batch.tokens_B_T, replay, plan, with_reference=with_reference
+        )
+        bad = int((batch.loss_mask_B_T & ~torch.isfinite(old_B_T)).sum())
+        if bad:
+            self._record_skip(f"{bad} non-finite proximal log-probs on loss-mask tokens: batch skipped")
+            return None, [], 1
+        inputs = objectives.ObjectiveInputs.from_train_batch(batch, old_B_T, self._version, ref_B_T)
+        prepared = objectives.prepare(cfg.objective, inputs)
+        step_metrics: list[dict[str, float]] = []
+        skipped = 0
+        for rows in self._minibatch_rows(batch.batch_size):
+            if rows is None:  # the whole batch: the plan already made for it
+                metrics = self._optimizer_step(batch, replay, _selected(prepared), plan)
+            else:
+                rows = rows.to(self.device)
+                order, spans = micro_batches(
+                    batch.attention_mask_B_T[rows].cpu(),
+                    cfg.micro_batch_size,
+                    sort_by_length=cfg.length_sorted_micro_batches,
+                )
+                pos = torch.tensor(order, dtype=torch.long, device=self.device)
+                sub_plan = [(pos[start:stop], T) for start, stop, T in spans]
+                sub = objectives.minibatch(cfg.objective, prepared, rows)
+                metrics = self._optimizer_step(batch, replay, _selected(sub), sub_plan, rows)
+            if metrics is None:
+                skipped += 1
+                continue
+            step_metrics.append(metrics)
+        return prepared, step_metrics, skipped
+
+    def _step_on_loss_forward(
+        self, batch: TrainBatch, replay: torch.Tensor | None, plan: list[tuple[torch.Tensor, int]]
+    ) -> tuple[objectives.PreparedBatch | None, list[dict[str, float]], int]:
+        """The batch's one optimizer step, each micro-batch's ``pi_prox`` its own loss forward, detached.
+
+        Only for one optimizer step per batch and either one micro-batch or an
+        objective without whole-batch terms (``labrl.harness.learners.proximal``).
+        The reference log-probs are a no-grad forward of the frozen copy per
+        micro-batch. One micro-batch is prepared whole (``objectives.prepare``);
+        several take ``objectives.prepare_rows``, and once all have run
+        ``objectives.prepare`` over the filled-in ``pi_prox`` gives the batch
+        diagnostics (the behaviour mismatch among them), as the separate
+        forward would.
+        Returns what ``_steps_after_proximal_forward`` does.
+        """
+        cfg = self.config
+        old_B_T = torch.zeros(batch.tokens_B_T.shape, dtype=torch.float32, device=self.device)
+        ref_B_T = torch.zeros_like(old_B_T) if self.reference_model is not None else None
+        inputs = objectives.ObjectiveInputs.from_train_batch(batch, old_B_T, self._version, ref_B_T)
+
+        def from_loss_forward(
+            pos: torch.Tensor, T: int, logp: torch.Tensor
+        ) -> objectives.PreparedBatch | None:
+            old_B_T[pos, :T] = logp.detach()
+            bad = int((batch.loss_mask_B_T[pos, :T] & ~torch.isfinite(old_B_T[pos, :T])).sum())
+            if bad:
+                self._record_skip(f"{bad} non-finite proximal log-probs on loss-mask tokens: batch skipped")
+                return None
+            if ref_B_T is not None:
+                routed = None if replay is None else replay[pos, :T]
+                with torch.no_grad():
+                    ref_B_T[pos, :T] = self._logprobs_with_grad(
+                        batch.tokens_B_T[pos, :T], routed, model=self.reference_model
+                    )
+            if len(plan) == 1:  # every row's pi_prox is known: whole-batch terms (M2PO) included
+                whole.append(objectives.prepare(cfg.objective, inputs))
+                return whole[0].select(pos)
+            return objectives.prepare_rows(cfg.objective, inputs, pos)
+
+        whole: list[objectives.PreparedBatch] = []
+        metrics = self._optimizer_step(batch, replay, from_loss_forward, plan)
+        if metrics is None:
+            return None, [], 1
+        return (whole[0] if whole else objectives.prepare(cfg.objective, inputs)), [metrics], 0
 
     def _minibatch_rows(self, batch_size: int) -> list[torch.Tensor | None]:
         """Row indices of every optimizer step of the batch (None = the whole batch, in order).
@@ -293,12 +377,16 @@ class MegatronLearner:
         self,
         batch: TrainBatch,
         replay: torch.Tensor | None,
-        prepared: objectives.PreparedBatch,
+        micro_prepared: MicroPrepared,
         plan: list[tuple[torch.Tensor, int]],
         rows: torch.Tensor | None = None,
     ) -> dict[str, float] | None:
-        """Forward/backward over ``plan`` (micro-batches of positions in ``prepared``) and one AdamW
-        step; None if skipped. ``rows`` maps those positions to batch rows (None: the same)."""
+        """Forward/backward over ``plan`` (micro-batches of positions) and one AdamW step; None if skipped.
+
+        ``rows`` maps the positions to batch rows (None: the same).
+        ``micro_prepared(positions, T, logp)`` gives a micro-batch's share of the
+        prepared batch from its forward's log-probs ``(b, T)``, or None to skip
+        the step (it has recorded why)."""
         cfg = self.config
         self.optimizer.zero_grad(set_to_none=True)
         if self.master is not None:
@@ -309,8 +397,12 @@ class MegatronLearner:
             batch_rows = pos if rows is None else rows[pos]
             routed = None if replay is None else replay[batch_rows, :T]
             logp = self._logprobs_with_grad(batch.tokens_B_T[batch_rows, :T], routed)
+            prepared = micro_prepared(pos, T, logp)
+            if prepared is None:
+                self._drop_gradients()
+                return None
             logp = torch.nn.functional.pad(logp, (0, T_full - T))  # cut columns are padding: log-prob 0
-            loss, metrics = objectives.policy_loss(cfg.objective, logp, prepared.select(pos))
+            loss, metrics = objectives.policy_loss(cfg.objective, logp, prepared)
             if not torch.isfinite(loss):
                 self._drop_gradients()
                 self._record_skip(f"non-finite loss {float(loss)} at step {self.step}")
@@ -329,6 +421,7 @@ class MegatronLearner:
             self.master.copy_to_model()
         self.optimizer_steps += 1
         self.consecutive_skips = 0
+        assert prepared is not None  # the last micro-batch's share: its batch metrics are left out
         summed = objectives.combine_metrics(prepared, micro_metrics)
         out = {k: v for k, v in summed.items() if k not in prepared.metrics}
         out["learner/grad_norm"] = grad_norm

@@ -41,7 +41,16 @@ from ._losses import (
     sapo_loss,
     sequence_log_ratio,
 )
-from ._objective import ObjectiveInputs, PreparedBatch, combine_metrics, minibatch, policy_loss, prepare
+from ._objective import (
+    ObjectiveInputs,
+    PreparedBatch,
+    combine_metrics,
+    minibatch,
+    policy_loss,
+    prepare,
+    prepare_rows,
+    whole_batch_terms,
+)
 
 __all__ = [
     "M2PO",
@@ -78,6 +87,7 @@ __all__ = [
     "policy_loss",
     "ppo_loss",
     "prepare",
+    "prepare_rows",
     "quantiles",
     "ratio_stats",
     "reinforce_loss",
@@ -90,4 +100,5 @@ __all__ = [
     "token_mask",
     "veto_mask",
     "whiten_advantages",
+    "whole_batch_terms",
 ]

@@ -22,6 +22,12 @@ with ``pg`` the configured policy loss, ``weight`` the product of TIS / IcePop
 weights and ``keep`` the AND of the masks, then aggregated over valid tokens
 (loss mask and finite sampler log-prob) with the global denominator.
 
+With one optimizer step per batch the no-grad forward can be dropped: each
+micro-batch's ``old`` is its loss forward, detached, and ``prepare_rows``
+gives its share of ``prepare`` from its own rows when the objective has no
+whole-batch term (``whole_batch_terms``: M2PO); ``prepare`` over the filled-in
+``old`` then gives the batch metrics.
+
 Decoupled PPO (AReaL, arXiv 2505.24298): three policies are kept apart. The
 behaviour policy ``mu`` generated the tokens (sampler log-probs, possibly many
 versions old); the proximal policy ``pi_prox`` is the learner at the start of
@@ -235,24 +241,19 @@ def prepare(cfg: ObjectiveConfig, inputs: ObjectiveInputs) -> PreparedBatch:
     if cfg.kl_coef > 0 and inputs.ref_logprobs_B_T is None:
         raise ConfigError("kl_coef > 0 requires ref_logprobs_B_T in ObjectiveInputs (or set kl_coef=0)")
 
-    loss_mask = inputs.loss_mask_B_T
-    finite_mu = torch.isfinite(inputs.behaviour_logprobs_B_T)
-    valid = loss_mask & finite_mu  # (B, T)
-    old = torch.where(valid, inputs.old_logprobs_B_T, 0.0)
-    mu = torch.where(valid, inputs.behaviour_logprobs_B_T, 0.0)
-    log_w = torch.where(valid, (old - mu).clamp(-cfg.log_ratio_clamp, cfg.log_ratio_clamp), 0.0)  # (B, T)
+    valid = _valid_tokens(inputs)  # (B, T)
     n_valid = int(valid.sum())
     n_seqs = int(valid.any(dim=1).sum())
-
     metrics: dict[str, float] = {
         "tokens/valid": float(n_valid),
-        "tokens/nonfinite_behaviour": float((loss_mask & ~finite_mu).sum()),
+        "tokens/nonfinite_behaviour": float((inputs.loss_mask_B_T & ~valid).sum()),
         "seqs/valid": float(n_seqs),
     }
     adv_B, adv_metrics = compute_advantages(
         cfg.advantages, inputs.rewards_B, inputs.group_ids_B, cfg.advantage_eps
     )
     metrics |= adv_metrics
+    old, mu, log_w = _proximal_log_ratio(cfg, inputs.old_logprobs_B_T, inputs.behaviour_logprobs_B_T, valid)
     adv_B_T = adv_B[:, None].expand_as(log_w)
 
     weight, keep, corr_metrics = _apply_corrections(cfg, log_w, valid, adv_B_T, n_valid, n_seqs)
@@ -278,6 +279,92 @@ def prepare(cfg: ObjectiveConfig, inputs: ObjectiveInputs) -> PreparedBatch:
         num_valid_seqs=n_seqs,
         metrics=metrics,
     )
+
+
+def whole_batch_terms(cfg: ObjectiveConfig) -> tuple[str, ...]:
+    """Names of the corrections that read the proximal log-probs of the whole batch at once.
+
+    M2PO's second-moment mask ranks the active tokens of the whole batch by
+    ``l_t^2``, so one row's mask depends on every row's ``pi_prox``. Everything
+    else is per token (the losses, TIS token, token mask, IcePop, the KL term)
+    or per sequence (TIS sequence, geo mask, veto, OPSM), and advantages and the
+    loss denominator do not read ``pi_prox`` at all: without a whole-batch term
+    a row's share of ``prepare`` depends on that row's proximal log-probs alone
+    (``prepare_rows``).
+    """
+    return tuple(c.name for c in cfg.corrections if isinstance(c, M2PO))
+
+
+@torch.no_grad()
+def prepare_rows(
+    cfg: ObjectiveConfig, inputs: ObjectiveInputs, rows: torch.Tensor | slice | list[int]
+) -> PreparedBatch:
+    """``prepare(cfg, inputs).select(rows)``, reading ``inputs.old_logprobs_B_T`` on ``rows`` only.
+
+    For a learner that takes each micro-batch's proximal log-probs from that
+    micro-batch's own forward (one optimizer step per batch: ``pi_prox`` is the
+    current forward, detached), before the other rows' are known. Advantages,
+    the valid mask, the loss denominator and the valid counts are those of the
+    whole batch (none reads ``pi_prox``); weights and masks are computed on the
+    rows. ``metrics`` is empty: the batch diagnostics (the behaviour mismatch
+    among them) come from ``prepare`` once every row's proximal log-probs are
+    known. The other rows' proximal log-probs are not read but must be finite
+    (zeros will do: ``validate`` checks the whole tensor). Raises
+    ``ConfigError`` when the objective has a whole-batch term
+    (``whole_batch_terms``).
+    """
+    inputs.validate()
+    whole = whole_batch_terms(cfg)
+    if whole:
+        raise ConfigError(
+            f"corrections {', '.join(whole)} read the whole batch's proximal log-probs: use prepare"
+        )
+    if cfg.kl_coef > 0 and inputs.ref_logprobs_B_T is None:
+        raise ConfigError("kl_coef > 0 requires ref_logprobs_B_T in ObjectiveInputs (or set kl_coef=0)")
+    if isinstance(rows, list):
+        rows = torch.tensor(rows, dtype=torch.long)
+    valid = _valid_tokens(inputs)
+    n_valid = int(valid.sum())
+    n_seqs = int(valid.any(dim=1).sum())
+    adv_B, _ = compute_advantages(cfg.advantages, inputs.rewards_B, inputs.group_ids_B, cfg.advantage_eps)
+    valid_rows = valid[rows]
+    old, mu, log_w = _proximal_log_ratio(
+        cfg, inputs.old_logprobs_B_T[rows], inputs.behaviour_logprobs_B_T[rows], valid_rows
+    )
+    adv_rows = adv_B[rows]
+    weight, keep, _ = _apply_corrections(
+        cfg, log_w, valid_rows, adv_rows[:, None].expand_as(log_w), n_valid, n_seqs
+    )
+    ref = None
+    if inputs.ref_logprobs_B_T is not None:
+        ref = torch.where(valid_rows, inputs.ref_logprobs_B_T[rows], 0.0)
+    return PreparedBatch(
+        valid_B_T=valid_rows,
+        keep_B_T=keep,
+        weight_B_T=weight.to(old.dtype),
+        advantages_B=adv_rows.to(old.dtype),
+        old_logprobs_B_T=old,
+        behaviour_logprobs_B_T=mu,
+        ref_logprobs_B_T=ref,
+        denominator=global_denominator(cfg.aggregation, valid, cfg.aggregation_constant),
+        num_valid_tokens=n_valid,
+        num_valid_seqs=n_seqs,
+    )
+
+
+def _valid_tokens(inputs: ObjectiveInputs) -> torch.Tensor:
+    """Bool ``(B, T)``: on the loss mask with a finite sampler log-prob."""
+    return inputs.loss_mask_B_T & torch.isfinite(inputs.behaviour_logprobs_B_T)
+
+
+def _proximal_log_ratio(
+    cfg: ObjectiveConfig, old_B_T: torch.Tensor, mu_B_T: torch.Tensor, valid_B_T: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(old, mu, l)`` zeroed off the valid tokens, ``l = clamp(logp_old - logp_mu, +-log_ratio_clamp)``."""
+    old = torch.where(valid_B_T, old_B_T, 0.0)
+    mu = torch.where(valid_B_T, mu_B_T, 0.0)
+    log_w = torch.where(valid_B_T, (old - mu).clamp(-cfg.log_ratio_clamp, cfg.log_ratio_clamp), 0.0)
+    return old, mu, log_w
 
 
 def _frac(count: torch.Tensor | int, total: int) -> float:

@@ -31,6 +31,7 @@ from labrl.harness.config import (
     apply_overrides,
     build_run_config,
     component_configs,
+    learnability_warnings,
     load_run_config,
 )
 from labrl.harness.learners.config import LearnerConfig
@@ -226,6 +227,34 @@ def test_shipped_config_loads_and_validates(path):
         assert components.sampler.num_hidden_layers == model.num_layers
         assert list(components.sampler.moe_layers) == model.moe_layer_indices
         assert components.sampler.topk == model.moe_router_topk
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[str(p.relative_to(ROOT)) for p in CONFIGS])
+def test_no_shipped_config_is_warned_it_will_not_learn(path):
+    """What ``labrl train`` would print as a learnability warning is a bug in a shipped config."""
+    assert learnability_warnings(load_run_config(path)) == []
+
+
+def test_the_tiny_gpu_recipe_builds_and_warm_starts_on_cpu():
+    """The SGLang smoke recipe's learner builds here (bf16 on CPU) and takes two steps of its warm start."""
+    import asyncio
+
+    from labrl.harness.backends.parts import build_learner, build_tokenizer, make_env_factory, warm_start
+
+    path = ROOT / "configs" / "gpu" / "tiny-moe-qwen3-sglang.yaml"
+    assert load_run_config(path).sft.enabled
+    cfg = load_run_config(
+        path, ["learner.device=cpu", "sft.steps=2", "sft.batch_size=2", "sft.num_prompts=4"]
+    )
+    learner = build_learner(cfg)
+    assert learner.device.type == "cpu" and learner.dtype == torch.bfloat16
+    assert learner.config.model.qk_layernorm
+    before = learner.export_weights()
+    records = []
+    asyncio.run(warm_start(learner, cfg, build_tokenizer(cfg), make_env_factory(cfg), on_sft=records.append))
+    assert len(records) == 2
+    after = learner.export_weights()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
 def test_there_are_gpu_recipes():

@@ -119,7 +119,10 @@ def test_nan_log_probs_skip_the_step_and_stop_after_the_limit(h):
 
 
 def test_nan_proximal_log_probs_skip_the_batch_and_a_good_step_resets_the_count(h):
-    learner = MegatronLearner(LearnerConfig(micro_batch_size=8, max_consecutive_skips=2))
+    # the separate no-grad forward; test_learner_proximal_forward covers the skip without it
+    learner = MegatronLearner(
+        LearnerConfig(micro_batch_size=8, max_consecutive_skips=2, proximal_forward="separate")
+    )
     batch = h.sampled_batch(h.make_sampler(learner, "fp32"), n=4, max_new=8, seed=42)
     real = learner._no_grad_logprobs
 

@@ -1,0 +1,165 @@
+"""The proximal forward: dropped where the objective allows (learners.proximal), same step as with it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from labrl.harness.learners import LearnerConfig, MegatronLearner, OptimizerConfig
+from labrl.harness.learners.proximal import proximal_forward
+from labrl.harness.objectives import M2PO, OPSM, TIS, IcePop, ObjectiveConfig
+
+TIS_ONLY = ObjectiveConfig(corrections=[TIS(c=2.0)])  # the default objective: per-token terms only
+ROW_LOCAL = ObjectiveConfig(
+    loss="ppo", corrections=[TIS(c=1.2), IcePop(low=0.999, high=1.001), OPSM(delta=1e-4)]
+)
+M2PO_TIGHT = ObjectiveConfig(corrections=[TIS(c=2.0), M2PO(tau=1e-7)])  # masks on the bf16 mismatch
+
+
+@pytest.mark.parametrize(
+    ("choice", "steps", "micro", "terms", "separate"),
+    [
+        ("auto", 1, 1, (), False),
+        ("auto", 1, 1, ("m2po",), False),  # one micro-batch: the whole batch is in the one forward
+        ("auto", 1, 3, (), False),
+        ("auto", 1, 3, ("m2po",), True),
+        ("auto", 2, 1, (), True),  # several optimizer steps: pi_prox is the batch start
+        ("auto", 3, 4, ("m2po",), True),
+        ("separate", 1, 1, (), True),
+        ("separate", 1, 3, (), True),
+    ],
+)
+def test_the_decision_per_case(choice, steps, micro, terms, separate):
+    got = proximal_forward(choice=choice, optimizer_steps=steps, micro_batches=micro, whole_batch_terms=terms)
+    assert got.separate is separate, got.reason
+    if separate and terms and steps == 1 and choice == "auto":
+        assert "m2po" in got.reason
+
+
+def count_forwards(learner: MegatronLearner) -> dict[str, int]:
+    """Calls of the policy's and the reference's forward, split by grad mode."""
+    counts = {"policy_grad": 0, "policy_no_grad": 0, "reference": 0}
+
+    def policy(module, args):
+        counts["policy_grad" if torch.is_grad_enabled() else "policy_no_grad"] += 1
+
+    def reference(module, args):
+        counts["reference"] += 1
+
+    learner.model.register_forward_pre_hook(policy)
+    if learner.reference_model is not None:
+        learner.reference_model.register_forward_pre_hook(reference)
+    return counts
+
+
+@pytest.mark.parametrize(
+    ("kw", "want", "separate"),
+    [
+        ({"micro_batch_size": 8}, {"policy_grad": 1, "policy_no_grad": 0}, 0.0),
+        ({"micro_batch_size": 8, "objective": M2PO_TIGHT}, {"policy_grad": 1, "policy_no_grad": 0}, 0.0),
+        ({"micro_batch_size": 2}, {"policy_grad": 2, "policy_no_grad": 0}, 0.0),
+        ({"micro_batch_size": 2, "objective": M2PO_TIGHT}, {"policy_grad": 2, "policy_no_grad": 2}, 1.0),
+        ({"micro_batch_size": 8, "minibatches": 2}, {"policy_grad": 2, "policy_no_grad": 1}, 1.0),
+        ({"micro_batch_size": 8, "epochs": 2}, {"policy_grad": 2, "policy_no_grad": 1}, 1.0),
+        (
+            {"micro_batch_size": 8, "proximal_forward": "separate"},
+            {"policy_grad": 1, "policy_no_grad": 1},
+            1.0,
+        ),
+        (
+            {"micro_batch_size": 2, "reference": "initial", "objective": ObjectiveConfig(kl_coef=0.1)},
+            {"policy_grad": 2, "policy_no_grad": 0, "reference": 2},
+            0.0,
+        ),
+    ],
+    ids=[
+        "one-micro",
+        "one-micro-m2po",
+        "two-micro",
+        "two-micro-m2po",
+        "minibatches",
+        "epochs",
+        "separate",
+        "ref",
+    ],
+)
+def test_forward_count_per_case(h, kw, want, separate):
+    learner = MegatronLearner(LearnerConfig(**kw))
+    batch = h.sampled_batch(h.make_sampler(learner, "fp32"), n=4, max_new=8, seed=61)
+    counts = count_forwards(learner)
+    m = learner.train_step(batch)
+    assert m["learner/proximal_forward"] == separate
+    assert counts == {"reference": 0} | want
+    assert m["learner/optimizer_steps"] == float(kw.get("minibatches", 1) * kw.get("epochs", 1))
+
+
+def _step_both_ways(h, **kw) -> tuple[MegatronLearner, MegatronLearner, dict, dict]:
+    """One train_step on the same bf16-sampled batch by a learner with and one without the separate forward."""
+    cfg = LearnerConfig(optimizer=OptimizerConfig(lr=1e-3), **kw)
+    one = MegatronLearner(cfg)
+    two = MegatronLearner(cfg.model_copy(update={"proximal_forward": "separate"}))
+    batch = h.sampled_batch(h.make_sampler(one, "bf16"), n=8, max_new=10, seed=71)  # a real mismatch
+    return one, two, one.train_step(batch), two.train_step(batch)
+
+
+@pytest.mark.parametrize(
+    ("kw", "acting"),
+    [
+        ({"micro_batch_size": 8, "objective": M2PO_TIGHT}, "m2po/masked_frac"),
+        ({"micro_batch_size": 3, "objective": ROW_LOCAL}, "icepop/masked_frac"),
+        (
+            {"micro_batch_size": 3, "length_sorted_micro_batches": True, "objective": ROW_LOCAL},
+            "icepop/masked_frac",
+        ),
+        (
+            {"micro_batch_size": 3, "reference": "initial", "objective": ObjectiveConfig(kl_coef=0.1)},
+            "learner/reference",  # a wrong reference would show in ref_kl (0 in both at the first step)
+        ),
+    ],
+    ids=["one-micro-m2po", "three-micro-row-local", "length-sorted", "reference-kl"],
+)
+def test_one_forward_gives_the_two_forward_step(h, kw, acting):
+    one, two, m1, m2 = _step_both_ways(h, **kw)
+    assert (m1["learner/proximal_forward"], m2["learner/proximal_forward"]) == (0.0, 1.0)
+    assert m1[acting] > 0  # the correction acts, so a wrong pi_prox would show
+    # the behaviour-vs-learner mismatch diagnostic stays, from the same pi_prox
+    assert m1["mismatch/kl_k3"] > 0 and m1["mismatch/abs_log_ratio_mean"] > 0
+    timing = {"learner/step_s", "learner/tokens_per_s", "learner/proximal_forward"}
+    assert set(m1) == set(m2)
+    for key in set(m1) - timing:
+        assert m1[key] == pytest.approx(m2[key], rel=1e-5, abs=1e-7), key
+    grads = [(p.grad, q.grad) for p, q in zip(one.model.parameters(), two.model.parameters(), strict=True)]
+    assert all(a is not None for a, _ in grads)
+    for a, b in grads:
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-8)
+    wa, wb = one.export_weights(), two.export_weights()
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-8)
+    assert one.policy_versions == two.policy_versions
+
+
+def test_nan_in_a_later_micro_batch_skips_the_batch_without_the_separate_forward(h):
+    learner = MegatronLearner(LearnerConfig(micro_batch_size=2, max_consecutive_skips=2))
+    batch = h.sampled_batch(h.make_sampler(learner, "fp32"), n=4, max_new=8, seed=81)
+    before = learner.export_weights()
+    counts = count_forwards(learner)
+    real = learner._logprobs_with_grad
+    calls = [0]
+
+    def nan_second_micro_batch(tokens, routed, model=None):
+        out = real(tokens, routed, model)
+        calls[0] += 1
+        return out * float("nan") if calls[0] == 2 else out
+
+    learner._logprobs_with_grad = nan_second_micro_batch
+    m = learner.train_step(batch)
+    assert counts["policy_no_grad"] == 0 and counts["policy_grad"] == 2  # the first micro-batch did backward
+    assert m["learner/skipped_steps"] == 1.0 and m["learner/optimizer_steps"] == 0.0
+    assert learner.version == 0 and learner.step == 0 and learner.optimizer_steps == 0
+    assert all(p.grad is None for p in learner.model.parameters())  # its gradients were dropped
+    assert not learner.optimizer.state
+    after = learner.export_weights()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    learner._logprobs_with_grad = real
+    m = learner.train_step(batch)
+    assert m["learner/skipped_steps"] == 0.0 and learner.version == 1 and learner.consecutive_skips == 0
