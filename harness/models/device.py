@@ -211,3 +211,31 @@ def workarounds(device: torch.device, caps: Capabilities) -> tuple[str, ...]:
     if device.type == "cuda":
         return THREAD_SAFETY_WORKAROUNDS + no_te
     return (*THREAD_SAFETY_WORKAROUNDS, *CPU_ONLY_WORKAROUNDS, *no_te)
+
+
+CoreAttention = Literal["transformer_engine", "sdpa", "unfused"]
+
+
+def core_attention(device: torch.device, caps: Capabilities) -> CoreAttention:
+    """The attention kernel of a model on ``device`` (``labrl.harness.models.attention``).
+
+    ``transformer_engine``: the TE spec's own attention; ``sdpa``: the local spec with
+    ``SDPAttention`` (one ``scaled_dot_product_attention`` call: flash / memory-efficient kernels
+    on CUDA, the fused kernel on CPU); ``unfused``: megatron's ``DotProductAttention``
+    (``baddbmm`` + softmax + ``bmm`` over the whole score matrix). SDPA on the CPU too: it was
+    not slower there on the quickstart's model or on a larger shape (docs/gpu.md, "Attention").
+    """
+    if layer_spec(device, caps).use_transformer_engine:
+        return "transformer_engine"
+    return "sdpa"
+
+
+def sdpa_native_gqa(device: torch.device, dtype: torch.dtype, explicit_mask: bool) -> bool:
+    """Whether ``SDPAttention`` hands grouped key/value heads to SDPA as they are (``enable_gqa``).
+
+    Only where the kernel that will run takes grouped heads: CUDA's flash attention, which runs
+    in bf16/fp16 without a mask tensor (causal or none). With a mask tensor, or in fp32, CUDA
+    picks the memory-efficient kernel, which does not take ``enable_gqa`` (SDPA would fall back to
+    its unfused math path); there, and on the CPU, the heads are repeated first, as megatron does.
+    """
+    return device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and not explicit_mask
