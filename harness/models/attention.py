@@ -24,8 +24,8 @@ For one head, with query ``q_i``, keys ``k_j``, values ``v_j`` and scale ``c``::
 - causal: a mask from ``causal_attention_mask`` (the learner's), or no mask with a causal mask
   type, runs as ``is_causal=True``: no mask tensor is read, and CUDA can use flash attention.
 - GQA: the ``num_query_groups`` key/value heads serve ``heads / groups`` query heads each, head
-  ``h`` using group ``h // (heads / groups)``: repeated as megatron does, or SDPA's own
-  ``enable_gqa`` where ``device.sdpa_native_gqa`` says its kernel takes it.
+  ``h`` using group ``h // (heads / groups)``: SDPA's own ``enable_gqa`` where
+  ``device.sdpa_native_gqa`` says the kernel takes it, else repeated first as megatron does.
 - dropout on the attention probabilities only in training (``attention_dropout``), under
   megatron's model-parallel RNG fork like ``DotProductAttention``'s.
 

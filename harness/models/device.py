@@ -231,11 +231,16 @@ def core_attention(device: torch.device, caps: Capabilities) -> CoreAttention:
 
 
 def sdpa_native_gqa(device: torch.device, dtype: torch.dtype, explicit_mask: bool) -> bool:
-    """Whether ``SDPAttention`` hands grouped key/value heads to SDPA as they are (``enable_gqa``).
+    """Whether ``SDPAttention`` hands grouped key/value heads to SDPA as they are (``enable_gqa``)
+    instead of repeating them to one per query head first (what megatron does).
 
-    Only where the kernel that will run takes grouped heads: CUDA's flash attention, which runs
-    in bf16/fp16 without a mask tensor (causal or none). With a mask tensor, or in fp32, CUDA
-    picks the memory-efficient kernel, which does not take ``enable_gqa`` (SDPA would fall back to
-    its unfused math path); there, and on the CPU, the heads are repeated first, as megatron does.
+    CPU: always; measured on 2 cores with 32 query heads on 4 groups of 128, a decode step against
+    576 cached keys took 19-36 ms instead of 385-758 ms (the repetition copies the whole cache), a
+    causal T=1024 step 573 instead of 740 ms, a masked prefill the same within noise. CUDA: only
+    where the kernel that will run takes grouped heads, flash attention, which runs in bf16/fp16
+    without a mask tensor; with a mask tensor, or in fp32, CUDA picks the memory-efficient kernel,
+    which does not take ``enable_gqa`` (SDPA would fall back to its unfused math path).
     """
-    return device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and not explicit_mask
+    if device.type != "cuda":
+        return True
+    return dtype in (torch.bfloat16, torch.float16) and not explicit_mask
