@@ -9,8 +9,9 @@ hits both alike), median of ``--repeats``:
 - ``decode``: no-grad forward of one query per row against a key/value cache of ``P + 64``
   slots, with the sampler's padding mask.
 
-And on the CPU (``--model``) a whole-model forward + backward of the quickstart model built with
-each attention (``build_gpt_model(attention=...)``). ``ratio`` = unfused time / SDPA time (> 1:
+And on the CPU (``--model``) the quickstart model built with each attention
+(``build_gpt_model(attention=...)``): a learner micro-batch's forward + backward, and the local
+sampler's prefill + KV-cache decode of one batch. ``ratio`` = unfused time / SDPA time (> 1:
 SDPA faster). ``benchmarks/gpu_learner.py`` runs the same rows on CUDA in bf16.
 
     .venv/bin/python benchmarks/attention_sdpa.py --model     # CPU, fp32, 2 threads (~2 min)
@@ -148,23 +149,57 @@ def core_attention_rows(
     return rows
 
 
-def model_rows(cfg: MoEModelConfig, B: int, T: int, repeats: int) -> dict:
-    """Whole-model forward + backward on the CPU, fp32, with each attention: median seconds and ratio."""
-    models = {name: build_gpt_model(cfg, routing_replay=False, device="cpu", attention=name).train()
-              for name in ("unfused", "sdpa")}  # fmt: skip
-    tokens = torch.randint(0, cfg.vocab_size, (B, T), generator=torch.Generator().manual_seed(0))
-    positions = torch.arange(T).expand(B, T)
-    mask = causal_attention_mask(T)
+def model_rows(
+    cfg: MoEModelConfig, B: int, T: int, generate: tuple[int, int, int], repeats: int
+) -> list[dict]:
+    """Whole model on the CPU, fp32, with each attention: a learner's forward + backward over [B, T], and
+    the local sampler's work for ``generate = (batch, prompt, new tokens)``: a left-padded prefill and
+    one KV-cache decode step per new token. Median seconds and ratio."""
+    from megatron.core.inference.contexts import StaticInferenceContext
 
-    def step(model):
+    models = {name: build_gpt_model(cfg, routing_replay=False, device="cpu", attention=name)
+              for name in ("unfused", "sdpa")}  # fmt: skip
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, cfg.vocab_size, (B, T), generator=gen)
+    mask = causal_attention_mask(T)
+    GB, P, N = generate
+    prompts = torch.randint(0, cfg.vocab_size, (GB, P), generator=gen)
+    pmask = prefill_mask(GB, P, torch.device("cpu"))
+    valid = ~pmask[:, 0, -1]  # [GB, P]: the keys the last prompt position may see
+
+    def train(model):
         def run():
+            model.train()
+            positions = torch.arange(T).expand(B, T)
             model(input_ids=tokens, position_ids=positions, attention_mask=mask).float().mean().backward()
 
         return run
 
-    t = timed_pair({name: step(m) for name, m in models.items()}, repeats, torch.device("cpu"))
-    return {"model": cfg.name, "shape": f"B={B} T={T}", "unfused_s": t["unfused"], "sdpa_s": t["sdpa"],
-            "ratio": t["unfused"] / t["sdpa"]}  # fmt: skip
+    def sample(model):
+        def run():
+            model.eval()
+            ctx = StaticInferenceContext(GB, P + N)
+            with torch.no_grad():
+                logits = model(input_ids=prompts, position_ids=torch.arange(P).expand(GB, P),
+                               attention_mask=pmask, inference_context=ctx, runtime_gather_output=True)  # fmt: skip
+                ctx.sequence_len_offset += P
+                for step in range(N - 1):
+                    fed = logits[:, -1].argmax(-1, keepdim=True)
+                    keys = torch.cat([valid, torch.ones(GB, step + 1, dtype=torch.bool)], dim=1)
+                    positions = torch.full((GB, 1), P + step)
+                    logits = model(input_ids=fed, position_ids=positions, attention_mask=~keys[:, None, None],
+                                   inference_context=ctx, runtime_gather_output=True)  # fmt: skip
+                    ctx.sequence_len_offset += 1
+
+        return run
+
+    rows = []
+    for label, shape, make in (("learner fwd+bwd", f"B={B} T={T}", train),
+                               ("sampler prefill+decode", f"B={GB} P={P} +{N}", sample)):  # fmt: skip
+        t = timed_pair({name: make(m) for name, m in models.items()}, repeats, torch.device("cpu"))
+        rows.append({"model": cfg.name, "work": label, "shape": shape, "unfused_s": t["unfused"],
+                     "sdpa_s": t["sdpa"], "ratio": t["unfused"] / t["sdpa"]})  # fmt: skip
+    return rows
 
 
 def print_rows(rows: list[dict]) -> None:
@@ -189,10 +224,11 @@ def main() -> None:
     print_rows(rows)
     result: dict = {"device": "cpu", "threads": torch.get_num_threads(), "core_attention": rows}
     if args.model:
-        result["model"] = model_rows(QUICKSTART_MODEL, 32, 192, args.repeats)
-        m = result["model"]
-        print(f"  whole model {m['model']} {m['shape']} fwd+bwd: unfused {m['unfused_s']:.3f} s, "
-              f"sdpa {m['sdpa_s']:.3f} s  x{m['ratio']:.2f}")  # fmt: skip
+        # the quickstart's learner micro-batch, and its sampler batch (64 prompts, 6 new tokens)
+        result["model"] = model_rows(QUICKSTART_MODEL, 32, 192, (64, 160, 6), args.repeats)
+        for m in result["model"]:
+            print(f"  whole model {m['model']} {m['work']:24} {m['shape']:16} unfused {m['unfused_s']:.3f} s  "
+                  f"sdpa {m['sdpa_s']:.3f} s  x{m['ratio']:.2f}")  # fmt: skip
     out = args.out or (RESULTS / "attention_sdpa_cpu.json").open("w")
     json.dump(result, out, indent=1)
     print(f"wrote {out.name}")

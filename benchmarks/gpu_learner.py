@@ -8,7 +8,8 @@ MoE and a 64-expert top-8 MoE, 4 layers, hidden 2048, expert FFN 1024, vocab
   backward, fp32-master AdamW) on a full batch of B x T tokens;
 - ``megatron``: bare megatron-core, same model builder (same spec), same
   micro-batch and sequence length: forward, cross-entropy, backward, AdamW
-  on the bf16 parameters;
+  on the bf16 parameters; once with the build's attention (``SDPAttention``
+  without TE) and once with megatron's unfused ``DotProductAttention``;
 - ``hf``: transformers' ``Qwen3MoeForCausalLM`` in bf16 with
   ``experts_implementation="grouped_mm"`` (what a TRL/FSDP user trains), same
   shape, forward + backward + AdamW.
@@ -18,7 +19,8 @@ Per row: tokens/s, model TFLOP/s and MFU against the device's dense bf16 peak
 causal attention, the same count for every path; ``labrl`` also runs the
 no-grad forward that gives the old log-probs, ~1/3 more compute that this
 count leaves out, so at equal efficiency it shows ~0.75x), and peak memory.
-Plus the local sampler's decode tokens/s.
+Plus the local sampler's decode tokens/s, and core attention alone, unfused vs
+SDPA, for training, prefill and decode (``benchmarks/attention_sdpa.py``).
 
 CPU part (``--cpu``; ``--timed`` adds learner step times): padding fraction
 and useful (non-padding) tokens/s of a learner step on batches whose lengths
@@ -45,6 +47,7 @@ from pathlib import Path
 
 import torch
 from _results import RESULTS  # beside this script
+from attention_sdpa import core_attention_rows, print_rows  # beside this script
 
 from labrl._warnings import quiet_expected_warnings
 from labrl.harness.learners import LearnerConfig, MegatronLearner
@@ -160,13 +163,17 @@ def bench_labrl(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, pea
     return out
 
 
-def bench_megatron(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, peak) -> dict:
+def bench_megatron(
+    cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, peak, attention: str = "auto"
+) -> dict:
     from labrl.harness.models import build_gpt_model, causal_attention_mask
 
     torch.cuda.empty_cache()  # the previous path's tensors died with its function
     torch.cuda.reset_peak_memory_stats()
     device = torch.device("cuda")
-    model = build_gpt_model(cfg, routing_replay=False, device=device, dtype=torch.bfloat16).train()
+    model = build_gpt_model(
+        cfg, routing_replay=False, device=device, dtype=torch.bfloat16, attention=attention
+    ).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     tokens = torch.randint(0, min(cfg.vocab_size, 256), (B, T), device=device)
     positions = torch.arange(T, device=device).expand(mbs, T)
@@ -184,7 +191,15 @@ def bench_megatron(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, 
         opt.step()
 
     seconds = cuda_timed(step, repeats)
-    return row("bare megatron-core", cfg, B * T, seconds, T, peak)
+    name = "bare megatron-core" + (", unfused attention" if attention == "unfused" else "")
+    out = row(name, cfg, B * T, seconds, T, peak)
+    out["attention"] = type(model.decoder.layers[0].self_attention.core_attention).__name__
+    return out
+
+
+def bench_megatron_unfused(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, peak) -> dict:
+    """The bare megatron-core row with megatron's unfused DotProductAttention (the spec before SDPA)."""
+    return bench_megatron(cfg, B, T, mbs, repeats, peak, attention="unfused")
 
 
 def bench_hf(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, peak) -> dict:
@@ -253,7 +268,7 @@ def gpu_part(repeats: int) -> dict:
     out: dict = {"device": torch.cuda.get_device_name(0), "bf16_peak_tflops": peak, "shapes": {}}
     for cfg, B, T, mbs in ((QUICKSTART_MODEL, 64, 200, 32), (BIG_MODEL, 16, 2048, 2)):
         rows = []
-        for bench in (bench_megatron, bench_labrl, bench_hf):
+        for bench in (bench_megatron, bench_labrl, bench_hf, bench_megatron_unfused):
             try:
                 rows.append(bench(cfg, B, T, mbs, repeats, peak))
             except Exception as exc:  # one path failing must not hide the others' numbers
@@ -265,6 +280,21 @@ def gpu_part(repeats: int) -> dict:
         out["shapes"][cfg.name] = {"B": B, "T": T, "micro_batch": mbs,
                                    "active_matmul_params": active_matmul_params(cfg), "rows": rows}  # fmt: skip
     out["sampler"] = [bench_sampler(QUICKSTART_MODEL, 64, 160, 64), bench_sampler(BIG_MODEL, 32, 512, 64)]
+    out["core_attention"] = []
+    for cfg, train, prefill, decode_batch in ((QUICKSTART_MODEL, (32, 200), (64, 160), 64),
+                                              (BIG_MODEL, (2, 2048), (32, 512), 32)):  # fmt: skip
+        try:
+            out["core_attention"] += core_attention_rows(
+                cfg,
+                train,
+                prefill,
+                decode_batch,
+                device=torch.device("cuda"),
+                dtype=torch.bfloat16,
+                repeats=repeats,
+            )
+        except Exception as exc:
+            out["core_attention"].append({"attention": cfg.name, "error": f"{type(exc).__name__}: {exc}"})
     return out
 
 
@@ -448,6 +478,11 @@ def print_gpu_table(res: dict) -> None:
         print(
             f"  {r['path']} batch {r['batch']} prompt {r['prompt']} +{r['new_tokens']}: {r['tokens_per_s']:.0f} tok/s"
         )
+    print("\ncore attention, bf16 (ratio = unfused / sdpa)")
+    for r in res["core_attention"]:
+        if "error" in r:
+            print(f"  {r['attention']:44} error: {r['error']}")
+    print_rows([r for r in res["core_attention"] if "error" not in r])
 
 
 if __name__ == "__main__":

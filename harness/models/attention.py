@@ -18,9 +18,10 @@ For one head, with query ``q_i``, keys ``k_j``, values ``v_j`` and scale ``c``::
   *replaces* blocked scores with -10000; adding -10000 gives the same probabilities (the blocked
   terms underflow to exactly 0 in fp32) whenever a row has an allowed key. A row with every key
   blocked (a left-padding position of the sampler's prefill) is uniform under megatron: its output
-  is the mean of the values; here such a row gets a zero query and no blocked key, which is the
-  same uniform softmax (and, as there, no gradient to its query or to the keys). The additive mask
-  is finite, so no SDPA backend meets a row of -inf (NaN, in forward or backward).
+  is the mean of the values; here such a row gets a zero query and no blocked key, so its scores
+  are equal and the softmax is the same uniform one (and, as there, no gradient reaches its query
+  or the keys). The additive mask is finite, so no SDPA backend meets a row of -inf (NaN, in
+  forward or backward).
 - causal: a mask from ``causal_attention_mask`` (the learner's), or no mask with a causal mask
   type, runs as ``is_causal=True``: no mask tensor is read, and CUDA can use flash attention.
 - GQA: the ``num_query_groups`` key/value heads serve ``heads / groups`` query heads each, head
@@ -133,16 +134,16 @@ class SDPAttention(torch.nn.Module):
         if self.groups != self.heads and not native_gqa:
             key = key.repeat_interleave(self.heads // self.groups, dim=2)
             value = value.repeat_interleave(self.heads // self.groups, dim=2)
-        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, d]
         additive = None
         if explicit is not None:
             # a row with every key blocked is uniform under megatron: the mean of the values. A zero
-            # query with nothing blocked gives exactly that (equal scores), and no gradient to q or k.
+            # query with its keys unblocked gives that here too (equal scores), and no gradient to
+            # its query or to the keys. Unblocked, not all shifted by BLOCKED_SCORE: backward passes
+            # recompute probabilities from a log-sum-exp, which near -1e4 keeps only ~1e-3 in fp32.
             fully_blocked = explicit.all(dim=-1, keepdim=True)  # [b or 1, 1, sq, 1]
-            q = q.masked_fill(fully_blocked, 0.0)
-            additive = torch.zeros(explicit.shape, dtype=q.dtype, device=q.device).masked_fill(
-                explicit & ~fully_blocked, BLOCKED_SCORE
-            )
+            query = query.masked_fill(fully_blocked.permute(2, 0, 1, 3), 0.0)
+            additive = (explicit & ~fully_blocked).to(query.dtype).mul_(BLOCKED_SCORE)
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, d]
         dropout_p = self.dropout_p if self.training else 0.0
         args = dict(attn_mask=additive, dropout_p=dropout_p, is_causal=causal, scale=self.softmax_scale)
         if native_gqa:

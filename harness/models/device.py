@@ -19,6 +19,7 @@ param dtype auto   fp32                    bf16 (fp32 under 100M parameters)    
 optimizer          AdamW on the params     AdamW on fp32 master copies (bf16)     same
 RNG tracker        inference (no-op fork)  CUDA RNG states, forks locked          same
 workarounds        all of cpu_compat       thread safety, ``te_general_gemm``     thread safety
+core attention     SDPA                    SDPA                                   TE's
 =================  ======================  =====================================  ======================
 
 "thread safety": a per-call attention scratch buffer and a lock around RNG forks
