@@ -80,7 +80,8 @@ def prefill_mask(B: int, P: int, device: torch.device, seed: int = 0) -> torch.T
 
 
 def timed_pair(fns: dict[str, Callable[[], object]], repeats: int, device: torch.device) -> dict[str, float]:
-    """Median seconds of each function, calls interleaved, after one warm-up call each."""
+    """Median seconds of each function after one warm-up call each; calls interleaved, in alternating
+    order (a shared machine's load, and whatever one call leaves in the caches, hit both alike)."""
 
     def sync() -> None:
         if device.type == "cuda":
@@ -89,13 +90,15 @@ def timed_pair(fns: dict[str, Callable[[], object]], repeats: int, device: torch
     times: dict[str, list[float]] = {name: [] for name in fns}
     for fn in fns.values():
         fn()
+    order = list(fns)
     for _ in range(repeats):
-        for name, fn in fns.items():
+        for name in order:
             sync()
             started = time.perf_counter()
-            fn()
+            fns[name]()
             sync()
             times[name].append(time.perf_counter() - started)
+        order.reverse()
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -211,19 +214,22 @@ def print_rows(rows: list[dict]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--model", action="store_true", help="also a whole-model step of the quickstart model")
+    ap.add_argument(
+        "--model", action="store_true", help="also the whole quickstart model: learner and sampler"
+    )
+    ap.add_argument("--model-only", action="store_true", help="only the whole-model rows")
     ap.add_argument("--out", type=argparse.FileType("w"), default=None)
     args = parse_with_threads(ap, default=2)
     quiet_expected_warnings()
     device = torch.device("cpu")
     rows = []
-    for cfg, train, prefill, decode_batch in CPU_SHAPES:
+    for cfg, train, prefill, decode_batch in () if args.model_only else CPU_SHAPES:
         rows += core_attention_rows(cfg, train, prefill, decode_batch, device=device, dtype=torch.float32,
                                     repeats=args.repeats)  # fmt: skip
     print(f"core attention, CPU fp32, {torch.get_num_threads()} threads (ratio = unfused / sdpa)")
     print_rows(rows)
     result: dict = {"device": "cpu", "threads": torch.get_num_threads(), "core_attention": rows}
-    if args.model:
+    if args.model or args.model_only:
         # the quickstart's learner micro-batch, and its sampler batch (64 prompts, 6 new tokens)
         result["model"] = model_rows(QUICKSTART_MODEL, 32, 192, (64, 160, 6), args.repeats)
         for m in result["model"]:
