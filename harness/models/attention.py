@@ -145,16 +145,26 @@ class SDPAttention(torch.nn.Module):
             additive = (explicit & ~fully_blocked).to(query.dtype).mul_(BLOCKED_SCORE)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, d]
         dropout_p = self.dropout_p if self.training else 0.0
-        args = dict(attn_mask=additive, dropout_p=dropout_p, is_causal=causal, scale=self.softmax_scale)
-        if native_gqa:
-            args["enable_gqa"] = True
+
+        def attend() -> Tensor:
+            return torch.nn.functional.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=additive,
+                dropout_p=dropout_p,
+                is_causal=causal,
+                scale=self.softmax_scale,
+                enable_gqa=native_gqa,
+            )
+
         if dropout_p > 0 and not self.config.sequence_parallel:
             from megatron.core import tensor_parallel
 
             with tensor_parallel.get_cuda_rng_tracker().fork():
-                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, **args)
+                out = attend()
         else:
-            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, **args)
+            out = attend()
         return out.permute(2, 0, 1, 3).reshape(sq, b, self.heads * self.head_dim)
 
 
