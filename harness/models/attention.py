@@ -66,6 +66,28 @@ def is_marked_causal(mask: Tensor | None) -> bool:
     return mask is not None and _causal_masks.get(id(mask)) is mask
 
 
+# The last mask prepared, for the next layers of the same forward (every layer gets the same mask
+# object): (mask, its in-place version counter, dtype, fully blocked rows, additive mask).
+_last_prepared: tuple[weakref.ref[Tensor], int, torch.dtype, Tensor, Tensor] | None = None
+
+
+def _prepared_mask(blocked: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """(rows with every key blocked ``[.., sq, 1]``, the additive mask in ``dtype``) of a bool mask.
+
+    Made once per forward rather than once per layer: on a decode step the preparation's few small
+    kernels cost about as much as the attention itself. The cached entry is checked by identity and
+    version counter, so a new or modified mask is always prepared afresh.
+    """
+    global _last_prepared
+    last = _last_prepared
+    if last is not None and last[0]() is blocked and last[1] == blocked._version and last[2] == dtype:
+        return last[3], last[4]
+    fully_blocked = blocked.all(dim=-1, keepdim=True)
+    additive = (blocked & ~fully_blocked).to(dtype).mul_(BLOCKED_SCORE)
+    _last_prepared = (weakref.ref(blocked), blocked._version, dtype, fully_blocked, additive)
+    return fully_blocked, additive
+
+
 class SDPAttention(torch.nn.Module):
     """megatron-core core attention computed by SDPA; see the module docstring for the rules."""
 
@@ -140,9 +162,8 @@ class SDPAttention(torch.nn.Module):
             # query with its keys unblocked gives that here too (equal scores), and no gradient to
             # its query or to the keys. Unblocked, not all shifted by BLOCKED_SCORE: backward passes
             # recompute probabilities from a log-sum-exp, which near -1e4 keeps only ~1e-3 in fp32.
-            fully_blocked = explicit.all(dim=-1, keepdim=True)  # [b or 1, 1, sq, 1]
+            fully_blocked, additive = _prepared_mask(explicit, query.dtype)
             query = query.masked_fill(fully_blocked.permute(2, 0, 1, 3), 0.0)
-            additive = (explicit & ~fully_blocked).to(query.dtype).mul_(BLOCKED_SCORE)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, d]
         dropout_p = self.dropout_p if self.training else 0.0
 

@@ -265,3 +265,16 @@ def test_local_sampler_prefill_and_decode_give_the_same_tokens_and_logprobs(monk
                 torch.tensor(b.logprobs_T), torch.tensor(a.logprobs_T), atol=1e-5, rtol=0
             )
             assert (a.routed_experts_T_L_K == b.routed_experts_T_L_K).all()
+
+
+def test_a_mask_changed_in_place_is_prepared_afresh():
+    """The prepared mask is reused by the next layers of a forward, never for a mask edited since."""
+    unfused, sdpa = modules()
+    q, k, v = qkv()
+    mask = left_padded_prefill_mask()
+    with torch.no_grad():
+        before = sdpa(q, k, v, mask)
+        mask[0, ..., :5] = True  # row 0 now starts at 5
+        after = sdpa(q, k, v, mask)
+        torch.testing.assert_close(after, unfused(q, k, v, mask), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(before, after)
