@@ -11,6 +11,8 @@
 # Offline nodes: put the wheels listed in docs/gpu.md into .whl/ beside this repository first;
 # they are installed with --no-index into /tmp (the node's own CUDA torch is kept).
 # Results (logs, JSON) go to $OUT (default benchmarks/results/gpu_check/).
+# SDPA attention: tests/gpu/test_sdpa_gpu.py (with the GPU tests) and gpu_learner.py's unfused-attention
+# and core-attention rows.
 # The GPU tests include the weight-sync checks (tests/gpu/test_weight_sync_gpu.py: bf16 bucketed export
 # on CUDA, the update group over gloo with CUDA tensors on one GPU, over NCCL with two GPUs) and the
 # real TP=2 learner (tests/gpu/test_learner_tp2_gpu.py: export gather, sequence-parallel router
@@ -63,6 +65,7 @@ print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_de
 print(f"capabilities: {caps}")
 print(f"layer spec, fp32: {dev.layer_spec(d, caps, torch.float32)}")
 print(f"layer spec, bf16: {dev.layer_spec(d, caps, torch.bfloat16)}")  # the experts module differs
+print(f"core attention: {dev.core_attention(d, caps)}")
 print(f"workarounds: {dev.workarounds(d, caps)}")
 PY
 

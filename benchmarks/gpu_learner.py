@@ -8,7 +8,8 @@ MoE and a 64-expert top-8 MoE, 4 layers, hidden 2048, expert FFN 1024, vocab
   backward, fp32-master AdamW) on a full batch of B x T tokens;
 - ``megatron``: bare megatron-core, same model builder (same spec), same
   micro-batch and sequence length: forward, cross-entropy, backward, AdamW
-  on the bf16 parameters;
+  on the bf16 parameters; once with the build's attention (``SDPAttention``
+  without TE) and once with megatron's unfused ``DotProductAttention``;
 - ``hf``: transformers' ``Qwen3MoeForCausalLM`` in bf16 with
   ``experts_implementation="grouped_mm"`` (what a TRL/FSDP user trains), same
   shape, forward + backward + AdamW.
@@ -26,7 +27,8 @@ causal attention, the same count for every path; ``labrl``'s default objective
 takes the old log-probs from the loss forward, so it runs no extra forward:
 its row also times ``learner.proximal_forward=separate``, the no-grad forward
 first as before issue 26, for the ratio in the same run), and peak memory.
-Plus the local sampler's decode tokens/s.
+Plus the local sampler's decode tokens/s, and core attention alone, unfused vs
+SDPA, for training, prefill and decode (``benchmarks/attention_sdpa.py``).
 
 CPU part (``--cpu``; ``--timed`` adds learner step times): padding fraction
 and useful (non-padding) tokens/s of a learner step on batches whose lengths
@@ -53,6 +55,7 @@ from pathlib import Path
 
 import torch
 from _results import RESULTS  # beside this script
+from attention_sdpa import core_attention_rows, print_rows  # beside this script
 
 from labrl._warnings import quiet_expected_warnings
 from labrl.harness.learners import LearnerConfig, MegatronLearner
@@ -185,14 +188,23 @@ def bench_labrl(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, pea
     return out
 
 
-def bench_megatron(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, peak, experts: str) -> dict:
+def bench_megatron(
+    cfg: MoEModelConfig,
+    B: int,
+    T: int,
+    mbs: int,
+    repeats: int,
+    peak,
+    experts: str = "sequential",
+    attention: str = "auto",
+) -> dict:
     from labrl.harness.models import build_gpt_model, causal_attention_mask
 
     torch.cuda.empty_cache()  # the previous path's tensors died with its function
     torch.cuda.reset_peak_memory_stats()
     device = torch.device("cuda")
     model = build_gpt_model(
-        cfg, routing_replay=False, device=device, dtype=torch.bfloat16, experts=experts
+        cfg, routing_replay=False, device=device, dtype=torch.bfloat16, experts=experts, attention=attention
     ).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     tokens = torch.randint(0, min(cfg.vocab_size, 256), (B, T), device=device)
@@ -211,9 +223,20 @@ def bench_megatron(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, 
         opt.step()
 
     seconds = cuda_timed(step, repeats)
-    out = row(f"bare megatron-core, {EXPERTS[experts]}", cfg, B * T, seconds, T, peak)
+    name = f"bare megatron-core, {EXPERTS[experts]}" + (
+        ", unfused attention" if attention == "unfused" else ""
+    )
+    out = row(name, cfg, B * T, seconds, T, peak)
     out["experts"] = EXPERTS[experts]
+    out["attention"] = type(model.decoder.layers[0].self_attention.core_attention).__name__
     return out
+
+
+def bench_megatron_unfused(
+    cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, peak, experts: str
+) -> dict:
+    """The bare megatron-core row with megatron's unfused DotProductAttention (the spec before SDPA)."""
+    return bench_megatron(cfg, B, T, mbs, repeats, peak, experts, attention="unfused")
 
 
 def bench_hf(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, peak) -> dict:
@@ -284,7 +307,7 @@ def gpu_part(repeats: int) -> dict:
         rows = []
         benches = [
             (bench_megatron, "sequential"), (bench_labrl, "sequential"), (bench_hf, None),
-            (bench_megatron, "grouped_mm"), (bench_labrl, "grouped_mm"),
+            (bench_megatron, "grouped_mm"), (bench_labrl, "grouped_mm"), (bench_megatron_unfused, "sequential"),
         ]  # fmt: skip
         for bench, experts in benches:
             args = (cfg, B, T, mbs, repeats, peak) + ((experts,) if experts else ())
@@ -295,8 +318,10 @@ def gpu_part(repeats: int) -> dict:
                     {"path": f"{bench.__name__} {experts or ''}", "error": f"{type(exc).__name__}: {exc}"}
                 )
         base = rows[0].get("tokens_per_s")  # bare megatron-core with SequentialMLP
-        bare = {
-            r["experts"]: r["tokens_per_s"] for r in rows if r["path"].startswith("bare") and "experts" in r
+        bare = {  # the SDPA rows: the unfused one is attention's own comparison
+            r["experts"]: r["tokens_per_s"]
+            for r in rows
+            if r["path"].startswith("bare") and "experts" in r and "unfused" not in r["path"]
         }
         for r in rows:
             if base and "tokens_per_s" in r:
@@ -306,6 +331,21 @@ def gpu_part(repeats: int) -> dict:
         out["shapes"][cfg.name] = {"B": B, "T": T, "micro_batch": mbs,
                                    "active_matmul_params": active_matmul_params(cfg), "rows": rows}  # fmt: skip
     out["sampler"] = [bench_sampler(QUICKSTART_MODEL, 64, 160, 64), bench_sampler(BIG_MODEL, 32, 512, 64)]
+    out["core_attention"] = []
+    for cfg, train, prefill, decode_batch in ((QUICKSTART_MODEL, (32, 200), (64, 160), 64),
+                                              (BIG_MODEL, (2, 2048), (32, 512), 32)):  # fmt: skip
+        try:
+            out["core_attention"] += core_attention_rows(
+                cfg,
+                train,
+                prefill,
+                decode_batch,
+                device=torch.device("cuda"),
+                dtype=torch.bfloat16,
+                repeats=repeats,
+            )
+        except Exception as exc:
+            out["core_attention"].append({"attention": cfg.name, "error": f"{type(exc).__name__}: {exc}"})
     return out
 
 
@@ -490,6 +530,11 @@ def print_gpu_table(res: dict) -> None:
         print(
             f"  {r['path']} batch {r['batch']} prompt {r['prompt']} +{r['new_tokens']}: {r['tokens_per_s']:.0f} tok/s"
         )
+    print("\ncore attention, bf16 (ratio = unfused / sdpa)")
+    for r in res["core_attention"]:
+        if "error" in r:
+            print(f"  {r['attention']:44} error: {r['error']}")
+    print_rows([r for r in res["core_attention"] if "error" not in r])
 
 
 if __name__ == "__main__":

@@ -19,11 +19,13 @@ import logging
 import os
 import tempfile
 import threading
+from typing import Literal
 
 import torch
 
 from labrl.errors import ConfigError
 from labrl.harness.models import device as dev
+from labrl.harness.models.attention import SDPAttention, mark_causal, with_core_attention
 from labrl.harness.models.config import MoEModelConfig, ParallelConfig, check_parallel
 from labrl.harness.models.cpu_compat import apply_workarounds
 
@@ -89,6 +91,7 @@ def build_gpt_model(
     device: torch.device | str = "auto",
     dtype: torch.dtype = torch.float32,
     experts: dev.ExpertsRequest = "auto",
+    attention: Literal["auto", "sdpa", "unfused"] = "auto",
 ):
     """A megatron-core ``GPTModel`` of shape ``config`` on ``device``, parameters in ``dtype``.
 
@@ -104,6 +107,10 @@ def build_gpt_model(
     sampler live in one process, and the registry's static setters would
     drive both models' routers at once. ``labrl.harness.models.routing``
     drives one model's routers.
+
+    ``attention``: the local spec's core attention; ``auto`` is ``device.core_attention``'s
+    choice, ``sdpa`` / ``unfused`` force ``SDPAttention`` / megatron's ``DotProductAttention``
+    (benchmarks and equivalence tests compare the two). The TE spec keeps TE's attention.
     """
     from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer.moe.router_replay import RouterReplay
@@ -127,6 +134,10 @@ def build_gpt_model(
     spec = decoder_block_spec(
         tconfig, use_transformer_engine=choice.use_transformer_engine, experts=choice.experts.name
     )
+    kernel = dev.core_attention(device, caps) if attention == "auto" else attention
+    if not choice.use_transformer_engine and kernel == "sdpa":
+        spec = with_core_attention(spec, SDPAttention)
+    _log_once(f"labrl model on {device}: core attention {kernel}")
     before = list(RouterReplay.global_router_replay_instances)
     cuda = device.type == "cuda"
     dev.make_current(device)  # megatron allocates KV caches and buffers on the current device
@@ -235,8 +246,8 @@ def causal_attention_mask(num_tokens: int, device: torch.device | str = "cpu") -
     """Bool ``[1, 1, T, T]``, True where attention is blocked (future keys).
 
     Always passed explicitly: megatron-core's default causal mask
-    (megatron/core/transformer/utils.py: get_default_causal_mask) is built on CUDA.
+    (megatron/core/transformer/utils.py: get_default_causal_mask) is built on CUDA. Marked as
+    causal, so ``SDPAttention`` runs it as ``is_causal`` without reading it.
     """
-    return torch.triu(torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=device), diagonal=1)[
-        None, None
-    ]
+    mask = torch.triu(torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=device), diagonal=1)
+    return mark_causal(mask[None, None])

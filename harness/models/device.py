@@ -19,6 +19,7 @@ param dtype auto   fp32                    bf16 (fp32 under 100M parameters)    
 optimizer          AdamW on the params     AdamW on fp32 master copies (bf16)     same
 RNG tracker        inference (no-op fork)  CUDA RNG states, forks locked          same
 workarounds        all of cpu_compat       thread safety, ``te_general_gemm``     thread safety
+core attention     SDPA                    SDPA                                   TE's
 =================  ======================  =====================================  ======================
 
 "thread safety": a per-call attention scratch buffer and a lock around RNG forks
@@ -302,3 +303,36 @@ def workarounds(device: torch.device, caps: Capabilities) -> tuple[str, ...]:
     if device.type == "cuda":
         return THREAD_SAFETY_WORKAROUNDS + no_te
     return (*THREAD_SAFETY_WORKAROUNDS, *CPU_ONLY_WORKAROUNDS, *no_te)
+
+
+CoreAttention = Literal["transformer_engine", "sdpa", "unfused"]
+
+
+def core_attention(device: torch.device, caps: Capabilities) -> CoreAttention:
+    """The attention kernel of a model on ``device`` (``labrl.harness.models.attention``).
+
+    ``transformer_engine``: the TE spec's own attention; ``sdpa``: the local spec with
+    ``SDPAttention`` (one ``scaled_dot_product_attention`` call: flash / memory-efficient kernels
+    on CUDA, the fused kernel on CPU); ``unfused``: megatron's ``DotProductAttention``
+    (``baddbmm`` + softmax + ``bmm`` over the whole score matrix). SDPA on the CPU too: it was
+    not slower there on the quickstart's model or on a larger shape (docs/gpu.md, "Attention").
+    """
+    if layer_spec(device, caps).use_transformer_engine:
+        return "transformer_engine"
+    return "sdpa"
+
+
+def sdpa_native_gqa(device: torch.device, dtype: torch.dtype, explicit_mask: bool) -> bool:
+    """Whether ``SDPAttention`` hands grouped key/value heads to SDPA as they are (``enable_gqa``)
+    instead of repeating them to one per query head first (what megatron does).
+
+    CPU: always; measured on 2 cores with 32 query heads on 4 groups of 128, a decode step against
+    576 cached keys took 19-36 ms instead of 385-758 ms (the repetition copies the whole cache), a
+    causal T=1024 step 573 instead of 740 ms, a masked prefill the same within noise. CUDA: only
+    where the kernel that will run takes grouped heads, flash attention, which runs in bf16/fp16
+    without a mask tensor; with a mask tensor, or in fp32, CUDA picks the memory-efficient kernel,
+    which does not take ``enable_gqa`` (SDPA would fall back to its unfused math path).
+    """
+    if device.type != "cuda":
+        return True
+    return dtype in (torch.bfloat16, torch.float16) and not explicit_mask

@@ -139,6 +139,35 @@ def test_this_torch_has_grouped_mm():
     assert dev.detect_capabilities().torch_grouped_mm
 
 
+@pytest.mark.parametrize(
+    ("caps", "want"),
+    [
+        (CPU, "sdpa"),  # measured not slower than megatron's unfused attention on 2 cores (docs/gpu.md)
+        (CPU_TE, "sdpa"),
+        (CUDA, "sdpa"),
+        (CUDA_GG, "sdpa"),
+        (CUDA_TE, "transformer_engine"),  # the TE spec brings its own fused attention
+    ],
+)
+def test_core_attention_for_each_combination(caps, want):
+    assert dev.core_attention(on(caps), caps) == want
+
+
+@pytest.mark.parametrize(
+    ("device", "dtype", "explicit_mask", "native"),
+    [
+        ("cuda:0", torch.bfloat16, False, True),  # flash attention takes grouped heads
+        ("cuda:0", torch.float16, False, True),
+        ("cuda:0", torch.bfloat16, True, False),  # a mask tensor: memory-efficient kernel, heads repeated
+        ("cuda:0", torch.float32, False, False),  # no flash in fp32
+        ("cpu", torch.float32, False, True),  # CPU: measured faster (decode 20x) or equal
+        ("cpu", torch.bfloat16, True, True),
+    ],
+)
+def test_sdpa_takes_grouped_heads_on_cpu_and_into_cuda_flash_attention(device, dtype, explicit_mask, native):
+    assert dev.sdpa_native_gqa(torch.device(device), dtype, explicit_mask) is native
+
+
 @pytest.mark.parametrize("caps", ALL)
 def test_backend_rng_and_dtypes(caps):
     device = on(caps)
