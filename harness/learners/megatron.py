@@ -72,6 +72,7 @@ log-softmax, so log-probs and the loss are fp32 in every precision.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -119,7 +120,9 @@ class MegatronLearner:
         self.device = dev.resolve_device(cfg.device, caps)
         self.dtype = dev.param_dtype(cfg.precision, self.device, parameters=cfg.model.parameter_count)
         self.spec = spec_choice(cfg.model, cfg.parallel, self.device, self.dtype, cfg.experts, caps)
-        self.model = build_gpt_model(
+        # the policy and the reference are built alike: same seed, spec and experts module
+        build = functools.partial(
+            build_gpt_model,
             cfg.model,
             cfg.parallel,
             seed=cfg.seed,
@@ -128,6 +131,7 @@ class MegatronLearner:
             dtype=self.dtype,
             experts=cfg.experts,
         )
+        self.model = build()
         self.model.train()
         # TP > 1: each rank routes its sequence slice; routes are gathered/scattered for record/replay
         self.sp = sequence_parallel(enabled=bool(getattr(self.model.config, "sequence_parallel", False)))
@@ -159,15 +163,7 @@ class MegatronLearner:
         self.reference_model = None
         self._reference_frozen = False
         if cfg.reference == "initial":
-            self.reference_model = build_gpt_model(
-                cfg.model,
-                cfg.parallel,
-                seed=cfg.seed,
-                routing_replay=True,
-                device=self.device,
-                dtype=self.dtype,
-                experts=cfg.experts,
-            )
+            self.reference_model = build()
             self.reference_model.train()  # the policy's mode, so equal weights give bit-equal log-probs
             self.reference_model.requires_grad_(False)
 
