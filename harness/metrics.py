@@ -46,15 +46,22 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+def read_jsonl(path: str | Path, *, skip_torn: bool = False) -> list[dict[str, Any]]:
+    """The file's records, [] when it is absent; ``skip_torn``: leave out lines that do not decode
+    (the line a kill cut short) instead of raising."""
     path = Path(path)
     if not path.exists():
         return []
     rows = []
     for line in path.read_text().splitlines():
         line = line.strip()
-        if line:
+        if not line:
+            continue
+        try:
             rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if not skip_torn:
+                raise
     return rows
 
 

@@ -234,12 +234,51 @@ def minibatch(
     )
 
 
-@torch.no_grad()
-def prepare(cfg: ObjectiveConfig, inputs: ObjectiveInputs) -> PreparedBatch:
-    """Advantages, correction weights/masks, global denominator and diagnostics for one global batch."""
+def _check_inputs(cfg: ObjectiveConfig, inputs: ObjectiveInputs) -> None:
     inputs.validate()
     if cfg.kl_coef > 0 and inputs.ref_logprobs_B_T is None:
         raise ConfigError("kl_coef > 0 requires ref_logprobs_B_T in ObjectiveInputs (or set kl_coef=0)")
+
+
+def _assemble(
+    cfg: ObjectiveConfig,
+    inputs: ObjectiveInputs,
+    rows: torch.Tensor | slice,
+    valid: torch.Tensor,
+    prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    n_valid: int,
+    n_seqs: int,
+    metrics: dict[str, float] | None = None,
+) -> PreparedBatch:
+    """The ``PreparedBatch`` of ``rows`` of the batch (every row: ``slice(None)``).
+
+    ``prepared`` is (weight, keep, advantages, old, behaviour) on those rows; the loss
+    denominator and the valid counts are the whole batch's (``valid`` is its (B, T) mask).
+    """
+    weight, keep, adv, old, mu = prepared
+    valid_rows = valid[rows]
+    ref = None
+    if inputs.ref_logprobs_B_T is not None:
+        ref = torch.where(valid_rows, inputs.ref_logprobs_B_T[rows], 0.0)
+    return PreparedBatch(
+        valid_B_T=valid_rows,
+        keep_B_T=keep,
+        weight_B_T=weight.to(old.dtype),
+        advantages_B=adv.to(old.dtype),
+        old_logprobs_B_T=old,
+        behaviour_logprobs_B_T=mu,
+        ref_logprobs_B_T=ref,
+        denominator=global_denominator(cfg.aggregation, valid, cfg.aggregation_constant),
+        num_valid_tokens=n_valid,
+        num_valid_seqs=n_seqs,
+        metrics=metrics if metrics is not None else {},
+    )
+
+
+@torch.no_grad()
+def prepare(cfg: ObjectiveConfig, inputs: ObjectiveInputs) -> PreparedBatch:
+    """Advantages, correction weights/masks, global denominator and diagnostics for one global batch."""
+    _check_inputs(cfg, inputs)
 
     valid = _valid_tokens(inputs)  # (B, T)
     n_valid = int(valid.sum())
@@ -263,21 +302,8 @@ def prepare(cfg: ObjectiveConfig, inputs: ObjectiveInputs) -> PreparedBatch:
     metrics |= ratio_stats(log_w, valid)
     metrics |= staleness_stats(inputs.versions_B_T, valid, inputs.learner_version)
 
-    ref = None
-    if inputs.ref_logprobs_B_T is not None:
-        ref = torch.where(valid, inputs.ref_logprobs_B_T, 0.0)
-    return PreparedBatch(
-        valid_B_T=valid,
-        keep_B_T=keep,
-        weight_B_T=weight.to(old.dtype),
-        advantages_B=adv_B.to(old.dtype),
-        old_logprobs_B_T=old,
-        behaviour_logprobs_B_T=mu,
-        ref_logprobs_B_T=ref,
-        denominator=global_denominator(cfg.aggregation, valid, cfg.aggregation_constant),
-        num_valid_tokens=n_valid,
-        num_valid_seqs=n_seqs,
-        metrics=metrics,
+    return _assemble(
+        cfg, inputs, slice(None), valid, (weight, keep, adv_B, old, mu), n_valid, n_seqs, metrics
     )
 
 
@@ -313,14 +339,12 @@ def prepare_rows(
     ``ConfigError`` when the objective has a whole-batch term
     (``whole_batch_terms``).
     """
-    inputs.validate()
+    _check_inputs(cfg, inputs)
     whole = whole_batch_terms(cfg)
     if whole:
         raise ConfigError(
             f"corrections {', '.join(whole)} read the whole batch's proximal log-probs: use prepare"
         )
-    if cfg.kl_coef > 0 and inputs.ref_logprobs_B_T is None:
-        raise ConfigError("kl_coef > 0 requires ref_logprobs_B_T in ObjectiveInputs (or set kl_coef=0)")
     if isinstance(rows, list):
         rows = torch.tensor(rows, dtype=torch.long)
     valid = _valid_tokens(inputs)
@@ -335,21 +359,7 @@ def prepare_rows(
     weight, keep, _ = _apply_corrections(
         cfg, log_w, valid_rows, adv_rows[:, None].expand_as(log_w), n_valid, n_seqs
     )
-    ref = None
-    if inputs.ref_logprobs_B_T is not None:
-        ref = torch.where(valid_rows, inputs.ref_logprobs_B_T[rows], 0.0)
-    return PreparedBatch(
-        valid_B_T=valid_rows,
-        keep_B_T=keep,
-        weight_B_T=weight.to(old.dtype),
-        advantages_B=adv_rows.to(old.dtype),
-        old_logprobs_B_T=old,
-        behaviour_logprobs_B_T=mu,
-        ref_logprobs_B_T=ref,
-        denominator=global_denominator(cfg.aggregation, valid, cfg.aggregation_constant),
-        num_valid_tokens=n_valid,
-        num_valid_seqs=n_seqs,
-    )
+    return _assemble(cfg, inputs, rows, valid, (weight, keep, adv_rows, old, mu), n_valid, n_seqs)
 
 
 def _valid_tokens(inputs: ObjectiveInputs) -> torch.Tensor:

@@ -38,12 +38,11 @@ turns it off.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from labrl.harness.metrics import JsonlWriter
+from labrl.harness.metrics import JsonlWriter, read_jsonl
 from labrl.harness.pipeline.buffer import Group, Verdict
 from labrl.harness.types import NO_VERSION, EpisodeTimeline, Trajectory
 
@@ -108,17 +107,8 @@ class EpisodeTraces:
 
 def read_episode_traces(run_dir: str | Path) -> list[dict[str, Any]]:
     """The run's episode records, the last line of each ``(group, member)``, in file order of those lines."""
-    path = Path(run_dir) / EPISODES_FILE
-    if not path.is_file():
-        return []
     latest: dict[tuple[int, int], dict[str, Any]] = {}
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # the line a kill cut short
-            continue
+    for record in read_jsonl(Path(run_dir) / EPISODES_FILE, skip_torn=True):
         key = (record["group"], record["member"])
         latest.pop(key, None)  # re-inserted: dict order is then the order of the last lines
         latest[key] = record
