@@ -223,7 +223,7 @@ async def one_run(k: int, correction: str, args, on_eval=None) -> dict:
         LearnerConfig(
             model=MODEL,
             objective=objective,
-            optimizer=OptimizerConfig(lr=args.lr),
+            optimizer=optimizer_config(args),
             micro_batch_size=64,
             seed=args.seed,
             **learner_overrides,
@@ -302,10 +302,20 @@ async def one_run(k: int, correction: str, args, on_eval=None) -> dict:
     return row
 
 
+def optimizer_config(args) -> OptimizerConfig:
+    """AdamW at ``--lr``: constant (the recorded grids), or the quickstart's fix for late-run undoing,
+    ``--schedule cosine``: linear warm-up over ``--warmup`` updates, then cosine to ``--lr`` x 0.1 at
+    the last update (``OptimizerConfig``'s formula)."""
+    if args.schedule == "constant":
+        return OptimizerConfig(lr=args.lr)
+    return OptimizerConfig(lr=args.lr, schedule="cosine", warmup_steps=args.warmup, total_steps=args.updates)
+
+
 def _row(args, env_cls, k, correction, objective, learner_overrides, curve, evals, t0) -> dict:
     """A cell's record (``accuracy`` and ``collapsed`` are added by the caller)."""
     return {"task": args.task, "letters": args.letters, "add_digits": args.add_digits, "chance": env_cls.chance(),
-            "lr": args.lr, "k": k, "correction": correction, "updates": args.updates, "seed": args.seed,
+            "lr": args.lr, "schedule": args.schedule, "warmup": args.warmup, "k": k, "correction": correction,
+            "updates": args.updates, "seed": args.seed,
             "objective": objective.model_dump(mode="json"), "learner": learner_overrides,
             "wall_s": time.perf_counter() - t0, "curve": list(curve), "evals": list(evals)}  # fmt: skip
 
@@ -320,7 +330,10 @@ async def main() -> None:
     ap.add_argument("--corrections", nargs="+", default=list(CORRECTIONS), choices=list(CORRECTIONS))
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=4)
-    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--lr", type=float, default=3e-4, help="peak learning rate")
+    ap.add_argument("--schedule", choices=["constant", "cosine"], default="constant",
+                    help="cosine: warm-up then cosine decay to lr/10 at the last update")  # fmt: skip
+    ap.add_argument("--warmup", type=int, default=0, help="--schedule cosine: warm-up updates")
     ap.add_argument("--sft-steps", type=int, default=100)
     ap.add_argument("--eval-size", type=int, default=256)
     ap.add_argument("--eval-every", type=int, default=0, help="held-out eval period (0: updates / 8)")
