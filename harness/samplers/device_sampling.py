@@ -65,9 +65,7 @@ def gumbel_noise(seed_B: torch.Tensor, index: torch.Tensor, vocab_keys_V: torch.
     return -torch.log(-torch.log(u))
 
 
-def truncation_mask(
-    logp_B_V: torch.Tensor, top_k_B: torch.Tensor, top_p_B: torch.Tensor
-) -> torch.Tensor:
+def truncation_mask(logp_B_V: torch.Tensor, top_k_B: torch.Tensor, top_p_B: torch.Tensor) -> torch.Tensor:
     """Bool (B, V): the tokens top-k and then top-p keep (see the module docstring); rules of ``sample_token``."""
     V = logp_B_V.shape[-1]
     sorted_lp, order = torch.sort(logp_B_V, dim=-1, descending=True)

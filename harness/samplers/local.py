@@ -35,6 +35,14 @@ requests draw the same tokens on every device), the recorded routing down.
 Behaviour log-prob of a token = log softmax(logits / temperature) at that
 token (temperature 0 -> 1), before top-k/top-p truncation; the learner uses
 the same temperature.
+
+``engine="static"`` runs the same model through ``static_decode.StaticDecodeEngine``
+instead: static shapes, sampling on the device, one host sync per
+``finish_check_steps`` decode steps, CUDA graphs where ``device.decode_graphs``
+allows. It serves batches in waves (no admission into a running batch), keeps the
+same version-per-token and routing contracts, and draws its tokens from
+``device_sampling``'s counter-based noise, not the host generators (a seed gives
+other tokens than under the megatron engine; what it guarantees is said there).
 """
 
 from __future__ import annotations
@@ -89,7 +97,7 @@ class LocalSamplerConfig(BaseModel):
     engine: Literal["megatron", "static"] = Field(
         default="megatron",
         description="megatron: megatron-core's KV cache, host sampling; static: static-shape decode steps "
-        "on the device, CUDA graphs where device.decode_graphs allows (served in waves; samplers/static_decode.py)",
+        "on the device, CUDA graphs where device.decode_graphs allows (served in waves; docs/gpu.md)",
     )
     cuda_graphs: bool = Field(default=True, description="static engine: capture decode steps (false: eager)")
     batch_buckets: tuple[int, ...] = Field(
@@ -414,7 +422,11 @@ class LocalSampler:
         started = time.perf_counter()
         max_len = self.model_config.max_sequence_length
         rows = [
-            _Row(request=r, max_new=min(r.sampling.max_new_tokens, max_len - len(r.input_ids)), generator=self._generator)
+            _Row(
+                request=r,
+                max_new=min(r.sampling.max_new_tokens, max_len - len(r.input_ids)),
+                generator=self._generator,
+            )
             for r in requests
         ]
         live = [row for row in rows if row.max_new > 0]
@@ -478,7 +490,11 @@ class LocalSampler:
         )
         with self._lock:  # graph capture must not overlap a weight copy
             self._static = StaticDecodeEngine(
-                self.model, batch_size=shape.batch, capacity=shape.capacity, stop_width=shape.stop_width, graphs=graphs
+                self.model,
+                batch_size=shape.batch,
+                capacity=shape.capacity,
+                stop_width=shape.stop_width,
+                graphs=graphs,
             )
         return self._static
 

@@ -110,7 +110,9 @@ class StaticDecodeEngine:
         emb = model.rotary_pos_emb(C).reshape(C, -1).float()  # (C, D) angles of slot positions
         self.cos_C_D, self.sin_C_D = torch.cos(emb), torch.sin(emb)
         self.key_slots = torch.arange(C, device=dev)
-        self.k_cache = [torch.zeros(B, self.groups, C, self.head_dim, dtype=self.dtype, device=dev) for _ in self.layers]
+        self.k_cache = [
+            torch.zeros(B, self.groups, C, self.head_dim, dtype=self.dtype, device=dev) for _ in self.layers
+        ]
         self.v_cache = [torch.zeros_like(k) for k in self.k_cache]
         self.routed = torch.zeros(
             len(self.moe_layers), B, C, self.topk, dtype=routing_dtype(self.num_experts), device=dev
@@ -132,7 +134,8 @@ class StaticDecodeEngine:
         self.index = torch.zeros((), dtype=torch.long, device=dev)
         with torch.no_grad():
             self._steps = {
-                truncate: capture_step(lambda t=truncate: self._step(t), dev, graphs) for truncate in (False, True)
+                truncate: capture_step(lambda t=truncate: self._step(t), dev, graphs)
+                for truncate in (False, True)
             }
         self.graphed = graphs
         self.reset()
@@ -320,8 +323,10 @@ def _check_supported(model) -> None:
             hasattr(layer.mlp, "experts") and not isinstance(layer.mlp.experts, TorchGroupedMLP)
             for layer in model.decoder.layers
         ),
-        "tensor, pipeline or expert parallelism": c.tensor_model_parallel_size * c.pipeline_model_parallel_size
-        * c.expert_model_parallel_size > 1,
+        "tensor, pipeline or expert parallelism": c.tensor_model_parallel_size
+        * c.pipeline_model_parallel_size
+        * c.expert_model_parallel_size
+        > 1,
         "router pre-softmax, sigmoid scores, group top-k, scaling, expert bias or capacity": bool(
             c.moe_router_pre_softmax
             or c.moe_router_score_function != "softmax"
@@ -335,4 +340,6 @@ def _check_supported(model) -> None:
     }
     named = [name for name, on in unsupported.items() if on]
     if named:
-        raise ConfigError(f"the static decode engine does not support {'; '.join(named)}: use engine=megatron")
+        raise ConfigError(
+            f"the static decode engine does not support {'; '.join(named)}: use engine=megatron"
+        )

@@ -28,13 +28,17 @@ SHAPE = get_preset("tiny-moe").model_copy(
 PROMPT_LENGTHS = (5, 17, 3, 11)
 
 
-def _requests(max_new: int, *, temperature: float = 0.0, top_k: int = -1, seed: int = 0) -> list[GenerateRequest]:
+def _requests(
+    max_new: int, *, temperature: float = 0.0, top_k: int = -1, seed: int = 0
+) -> list[GenerateRequest]:
     gen = torch.Generator().manual_seed(seed)
     return [
         GenerateRequest(
             rid=f"r{i}",
             input_ids=tuple(torch.randint(0, 256, (n,), generator=gen).tolist()),
-            sampling=SamplingParams(max_new_tokens=max_new, temperature=temperature, top_k=top_k, seed=seed + i),
+            sampling=SamplingParams(
+                max_new_tokens=max_new, temperature=temperature, top_k=top_k, seed=seed + i
+            ),
             return_routed_experts=True,
         )
         for i, n in enumerate(PROMPT_LENGTHS)
@@ -89,7 +93,9 @@ def test_every_step_equals_the_megatron_engine_on_the_same_weights(megatron):
     tokens, logprobs, routed = engine.read_back(7, shape.prompt)
     ref_tokens = torch.stack([lg.argmax(-1) for lg in ref_logits[:7]], dim=1)
     assert torch.equal(tokens[:B], ref_tokens)
-    ref_logp = torch.stack([torch.log_softmax(lg, -1) for lg in ref_logits[:7]], 1).gather(2, ref_tokens[..., None])
+    ref_logp = torch.stack([torch.log_softmax(lg, -1) for lg in ref_logits[:7]], 1).gather(
+        2, ref_tokens[..., None]
+    )
     assert float((logprobs[:B] - ref_logp[..., 0]).abs().max()) < 1e-5
     for b in range(B):  # the megatron routing covers prompt slots and the fed tokens
         assert torch.equal(routed[b, start[b] :].long(), ref_routed[b, start[b] :].long())
@@ -103,7 +109,11 @@ async def test_greedy_generation_equals_the_megatron_engine(megatron):
     for r, a, b in zip(reqs, ref, got, strict=True):
         assert b.output_ids == a.output_ids and b.finish_reason == a.finish_reason == "length"
         assert np.abs(np.array(b.logprobs_T) - np.array(a.logprobs_T)).max() < 1e-5
-        assert b.routed_experts_T_L_K.shape == (len(r.input_ids) + 10, SHAPE.num_moe_layers, SHAPE.moe_router_topk)
+        assert b.routed_experts_T_L_K.shape == (
+            len(r.input_ids) + 10,
+            SHAPE.num_moe_layers,
+            SHAPE.moe_router_topk,
+        )
         np.testing.assert_array_equal(b.routed_experts_T_L_K, a.routed_experts_T_L_K)
         assert b.versions_T == a.versions_T == [0] * 10
 
@@ -154,23 +164,27 @@ async def test_in_flight_update_tags_both_versions_at_the_boundary(megatron):
     results = await task
     # the megatron engine under the same schedule: old weights up to the boundary, then the new ones
     ref_old = await megatron.generate(reqs)
-    for req, ref, res in zip(reqs, ref_old, results, strict=True):
+    for ref, res in zip(ref_old, results, strict=True):
         assert res.versions_T == [0] * boundary + [7] * (12 - boundary)
         assert res.output_ids[:boundary] == ref.output_ids[:boundary]
         got, old = np.array(res.logprobs_T), np.array(ref.logprobs_T)
         assert np.abs(got[:boundary] - old[:boundary]).max() < 1e-5
-    changed = [r.output_ids[boundary:] != o.output_ids[boundary:] for r, o in zip(results, ref_old, strict=True)]
+    changed = [
+        r.output_ids[boundary:] != o.output_ids[boundary:] for r, o in zip(results, ref_old, strict=True)
+    ]
     assert any(changed)  # the new weights drive the rest
 
 
 class _NoHostCopies(torch.overrides.TorchFunctionMode):
     """Fails on every tensor-to-host conversion made while active."""
 
-    BANNED = {"item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__"}
+    BANNED = frozenset({"item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__"})
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
-        if name in self.BANNED or (name == "to" and any(_names_host(a) for a in (*args, *(kwargs or {}).values()))):
+        if name in self.BANNED or (
+            name == "to" and any(_names_host(a) for a in (*args, *(kwargs or {}).values()))
+        ):
             raise AssertionError(f"host copy in a decode step: {name}")
         return func(*args, **(kwargs or {}))
 
@@ -183,7 +197,9 @@ def _names_host(arg) -> bool:
 def test_a_decode_step_makes_no_host_copy(megatron, truncate):
     reqs = _requests(4, temperature=1.0, top_k=5)
     shape = static_shape(reqs, [4] * len(reqs), (8,), SHAPE.max_sequence_length)
-    engine = StaticDecodeEngine(megatron.model, batch_size=8, capacity=shape.capacity, stop_width=1, graphs=False)
+    engine = StaticDecodeEngine(
+        megatron.model, batch_size=8, capacity=shape.capacity, stop_width=1, graphs=False
+    )
     engine.start_batch(**pack(reqs, [4] * len(reqs), list(range(len(reqs))), shape, pad_token_id=0))
     with torch.no_grad(), _NoHostCopies():
         engine.step(truncate)
