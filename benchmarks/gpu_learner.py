@@ -27,8 +27,11 @@ causal attention, the same count for every path; ``labrl``'s default objective
 takes the old log-probs from the loss forward, so it runs no extra forward:
 its row also times ``learner.proximal_forward=separate``, the no-grad forward
 first as before issue 26, for the ratio in the same run), and peak memory.
-Plus the local sampler's decode tokens/s, and core attention alone, unfused vs
-SDPA, for training, prefill and decode (``benchmarks/attention_sdpa.py``).
+Plus the local sampler's decode tokens/s with either engine (``sampler.local.engine``:
+megatron, static) at batch 32, 64 and 256 on both shapes, beside the HBM-bandwidth
+floor (``decode_bytes_per_step``), and core attention alone, unfused vs SDPA, for
+training, prefill and decode (``benchmarks/attention_sdpa.py``). ``--sampler-cpu``
+runs both engines on the CPU (tiny model, fp32, eager) in one run.
 
 CPU part (``--cpu``; ``--timed`` adds learner step times): padding fraction
 and useful (non-padding) tokens/s of a learner step on batches whose lengths
@@ -39,6 +42,7 @@ conversation. Padded to the batch's longest row vs length-sorted micro-batches
 (``labrl.harness.rollout.batching.micro_batches``), in the same run.
 
     .venv/bin/python benchmarks/gpu_learner.py --cpu          # CPU part (~5 min on 2 cores)
+    .venv/bin/python benchmarks/gpu_learner.py --sampler-cpu  # both sampler engines on the CPU (~20 s)
     python3 benchmarks/gpu_learner.py                         # on a GPU node (benchmarks/gpu_check.sh)
 """
 

@@ -48,6 +48,7 @@ other tokens than under the megatron engine; what it guarantees is said there).
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -66,7 +67,7 @@ from labrl.harness.models.device import DEVICE_PATTERN, HOST, PrecisionChoice
 from labrl.harness.models.routing import from_megatron_layout, model_router_replays
 from labrl.harness.samplers.device_sampling import truncation_mask
 from labrl.harness.samplers.static_batch import StaticShape, needs_truncation, pack, row_end, static_shape
-from labrl.harness.samplers.static_decode import StaticDecodeEngine
+from labrl.harness.samplers.static_decode import StaticDecodeEngine, check_supported
 from labrl.harness.types import GenerateRequest, GenerateResult, SamplingParams
 
 
@@ -196,6 +197,8 @@ class LocalSampler:
             experts="grouped_mm" if self.config.engine == "static" else "auto",
         ).eval()
         self._static: StaticDecodeEngine | None = None  # the static engine of the last batch shape
+        if self.config.engine == "static":
+            check_supported(self.model)  # refuse a model it cannot run now, not at the first batch
         self._replays = model_router_replays(self.model)
         self._param_names = {k for k in self.model.state_dict() if not k.endswith("_extra_state")}
         self._lock = threading.Lock()  # one forward or one weight load at a time
@@ -455,13 +458,15 @@ class LocalSampler:
                 if done:
                     break
             record = any(r.return_routed_experts for r in reqs)
-            tokens, logprobs, routed = await asyncio.to_thread(engine.read_back, steps, shape.prompt)
+            tokens, logprobs, routed = await asyncio.to_thread(
+                functools.partial(engine.read_back, steps, shape.prompt, routing=record)
+            )
             for b, row in enumerate(live):
                 n, row.finish = row_end(tokens[b].tolist(), row.max_new, row.request.sampling.stop_token_ids)
                 row.output = tokens[b, :n].tolist()
                 row.logprobs = logprobs[b, :n].tolist()
                 row.versions = versions[:n]
-                if record and row.request.return_routed_experts:
+                if routed is not None and row.request.return_routed_experts:
                     first = shape.prompt - len(row.request.input_ids)
                     # prompt slots and the n - 1 fed tokens; ``_result`` pads the never-fed last one
                     row.routed = [routed[b, first : shape.prompt + n - 1].numpy().astype(np.int32)]

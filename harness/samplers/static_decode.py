@@ -33,6 +33,7 @@ as a CUDA graph where ``device.decode_graphs`` allows it, and eager otherwise.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -91,7 +92,7 @@ class StaticDecodeEngine:
     def __init__(self, model, *, batch_size: int, capacity: int, stop_width: int, graphs: bool) -> None:
         self.model = model
         tconfig = model.config
-        _check_supported(model)
+        check_supported(model)
         self.layers = list(model.decoder.layers)
         self.moe_layers = [i for i, layer in enumerate(self.layers) if hasattr(layer.mlp, "router")]
         self.B, self.C = batch_size, capacity
@@ -134,7 +135,7 @@ class StaticDecodeEngine:
         self.index = torch.zeros((), dtype=torch.long, device=dev)
         with torch.no_grad():
             self._steps = {
-                truncate: capture_step(lambda t=truncate: self._step(t), dev, graphs)
+                truncate: capture_step(functools.partial(self._step, truncate), dev, graphs)
                 for truncate in (False, True)
             }
         self.graphed = graphs
@@ -192,14 +193,17 @@ class StaticDecodeEngine:
         """Whether every row stopped (one host sync: the caller decides how often to ask)."""
         return bool(self.done.all())
 
-    def read_back(self, steps: int, prompt_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Host copies: tokens ``(B, steps)``, log-probs ``(B, steps)``, routing ``(B, prompt_len + steps, L, K)``.
+    def read_back(
+        self, steps: int, prompt_len: int, *, routing: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Host copies: tokens ``(B, steps)``, log-probs ``(B, steps)``, routing ``(B, prompt_len + steps, L, K)``
+        (``None`` unless ``routing``).
 
         Routing at slot ``s`` belongs to the token fed there: prompt slots, then output tokens 0..steps-1.
         """
         tokens = self.tokens[:, :steps].to(HOST)
         logprobs = self.logprobs[:, :steps].to(HOST)
-        routed = self.routed[:, :, : prompt_len + steps].permute(1, 2, 0, 3).to(HOST)
+        routed = self.routed[:, :, : prompt_len + steps].permute(1, 2, 0, 3).to(HOST) if routing else None
         return tokens, logprobs, routed
 
     def reset(self) -> None:
@@ -309,7 +313,7 @@ def _rope(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return t * cos + torch.cat((-b, a), dim=-1) * sin
 
 
-def _check_supported(model) -> None:
+def check_supported(model) -> None:
     """What the engine does not compute: refuse it at build time rather than compute something else."""
     from labrl.harness.models.grouped_experts import TorchGroupedMLP
 

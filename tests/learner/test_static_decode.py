@@ -206,3 +206,12 @@ def test_a_decode_step_makes_no_host_copy(megatron, truncate):
         engine.step(truncate)
     with pytest.raises(AssertionError, match="host copy"), _NoHostCopies():
         engine.all_done()  # the guard itself sees the one sync the sampler makes per chunk
+
+
+def test_a_model_the_engine_cannot_run_is_refused():
+    from labrl.errors import ConfigError
+    from labrl.harness.models.build import build_gpt_model
+
+    sequential = build_gpt_model(SHAPE, device="cpu", experts="sequential")
+    with pytest.raises(ConfigError, match="experts other than TorchGroupedMLP"):
+        StaticDecodeEngine(sequential, batch_size=1, capacity=128, stop_width=1, graphs=False)
