@@ -316,11 +316,15 @@ def bench_sampler(
     cfg: MoEModelConfig, batch: int, prompt: int, new: int, engine: str, device: str = "cuda"
 ) -> dict:
     """Decode tokens/s of one wave of ``batch`` requests (seeded, temperature 1), after a warm-up wave
-    of the same shape (2 new tokens: the static engine's same batch and cache buckets, graphs captured)."""
+    of the same shape (2 new tokens: the static engine's same batch and cache buckets, graphs captured).
+    Both engines in bf16 on CUDA (the tiny model too, whose ``auto`` is fp32), fp32 on the CPU."""
     from labrl.harness.samplers import LocalSampler, LocalSamplerConfig
     from labrl.harness.types import GenerateRequest, SamplingParams
 
-    config = LocalSamplerConfig(max_batch_size=batch, device=device, engine=engine, scheduling="waves")
+    precision = "bf16" if device.startswith("cuda") else "fp32"  # bf16 on CUDA: the static engine's graphs
+    config = LocalSamplerConfig(
+        max_batch_size=batch, device=device, engine=engine, scheduling="waves", precision=precision
+    )
     sampler = LocalSampler(cfg, config)
     gen = torch.Generator().manual_seed(0)
 
@@ -347,7 +351,8 @@ def bench_sampler(
     seconds = time.perf_counter() - started
     generated = sum(len(r.output_ids) for r in results)
     return {"path": f"LocalSampler decode, engine={engine}", "engine": engine, "model": cfg.name, "batch": batch,
-            "prompt": prompt, "new_tokens": new, "tokens_per_s": generated / seconds}  # fmt: skip
+            "precision": precision, "prompt": prompt, "new_tokens": new,
+            "tokens_per_s": generated / seconds}  # fmt: skip
 
 
 def sampler_rows(cfg: MoEModelConfig, prompt: int, new: int, bandwidth: float | None) -> list[dict]:

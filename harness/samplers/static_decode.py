@@ -70,7 +70,9 @@ def capture_step(step: Callable[[], None], device: torch.device, enabled: bool) 
 
     Capture runs ``step`` twice on a side stream first (lazy initialisation and the
     allocator's first blocks must happen outside the graph), then records one call; the
-    engine resets its state afterwards, so these runs leave nothing behind.
+    engine resets its state afterwards, so these runs leave nothing behind. The capture is
+    ``thread_local``: the learner trains in another thread of the same process, and the
+    default (``global``) mode would fail its CUDA calls while the sampler captures.
     """
     if not enabled:
         return step
@@ -81,7 +83,7 @@ def capture_step(step: Callable[[], None], device: torch.device, enabled: bool) 
             step()
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         step()
     return graph.replay
 

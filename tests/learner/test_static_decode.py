@@ -215,3 +215,18 @@ def test_a_model_the_engine_cannot_run_is_refused():
     sequential = build_gpt_model(SHAPE, device="cpu", experts="sequential")
     with pytest.raises(ConfigError, match="experts other than TorchGroupedMLP"):
         StaticDecodeEngine(sequential, batch_size=1, capacity=128, stop_width=1, graphs=False)
+
+
+async def test_bf16_follows_the_megatron_engine_to_bf16_round_off():
+    """The dtype CUDA graphs run in (eager here): same greedy tokens, log-probs within bf16 round-off."""
+    shape = SHAPE.model_copy(update={"moe_ffn_hidden_size": 64})  # 16-byte-aligned bf16 expert strides
+    megatron = LocalSampler(shape, LocalSamplerConfig(device="cpu", precision="bf16", scheduling="waves"))
+    weights = {k: v for k, v in megatron.model.state_dict().items() if not k.endswith("_extra_state")}
+    static = LocalSampler(
+        shape, LocalSamplerConfig(device="cpu", precision="bf16", engine="static"), weights=weights
+    )
+    reqs = _requests(6)
+    for a, b in zip(await megatron.generate(reqs), await static.generate(reqs), strict=True):
+        assert a.output_ids == b.output_ids
+        assert np.abs(np.array(a.logprobs_T) - np.array(b.logprobs_T)).max() < 2e-2
+        assert (a.routed_experts_T_L_K == b.routed_experts_T_L_K).mean() >= 0.95
