@@ -27,8 +27,11 @@ causal attention, the same count for every path; ``labrl``'s default objective
 takes the old log-probs from the loss forward, so it runs no extra forward:
 its row also times ``learner.proximal_forward=separate``, the no-grad forward
 first as before issue 26, for the ratio in the same run), and peak memory.
-Plus the local sampler's decode tokens/s, and core attention alone, unfused vs
-SDPA, for training, prefill and decode (``benchmarks/attention_sdpa.py``).
+Plus the local sampler's decode tokens/s with either engine (``sampler.local.engine``:
+megatron, static) at batch 32, 64 and 256 on both shapes, beside the HBM-bandwidth
+floor (``decode_bytes_per_step``), and core attention alone, unfused vs SDPA, for
+training, prefill and decode (``benchmarks/attention_sdpa.py``). ``--sampler-cpu``
+runs both engines on the CPU (tiny model, fp32, eager) in one run.
 
 CPU part (``--cpu``; ``--timed`` adds learner step times): padding fraction
 and useful (non-padding) tokens/s of a learner step on batches whose lengths
@@ -39,6 +42,7 @@ conversation. Padded to the batch's longest row vs length-sorted micro-batches
 (``labrl.harness.rollout.batching.micro_batches``), in the same run.
 
     .venv/bin/python benchmarks/gpu_learner.py --cpu          # CPU part (~5 min on 2 cores)
+    .venv/bin/python benchmarks/gpu_learner.py --sampler-cpu  # both sampler engines on the CPU (~20 s)
     python3 benchmarks/gpu_learner.py                         # on a GPU node (benchmarks/gpu_check.sh)
 """
 
@@ -275,29 +279,117 @@ def bench_hf(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, peak) 
     return out
 
 
-def bench_sampler(cfg: MoEModelConfig, batch: int, prompt: int, new: int) -> dict:
+# HBM bandwidth in bytes/s, by device-name fragment (SXM parts; the decode floor's denominator)
+HBM_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12, "L40S": 0.864e12, "A10": 0.6e12}
+SAMPLER_BATCHES = (32, 64, 256)
+
+
+def hbm_bytes_per_s() -> float | None:
+    name = torch.cuda.get_device_name(0)
+    return next((v for k, v in HBM_BYTES_PER_S.items() if k in name), None)
+
+
+def decode_bytes_per_step(cfg: MoEModelConfig, batch: int, context: int, itemsize: int = 2) -> float:
+    """Bytes one decode step must read at least: the weights it touches and the KV cache it attends over.
+
+    With ``E`` experts, top-``K`` routing and ``B`` rows, the experts one MoE layer touches are
+    ``E * (1 - (1 - K/E)^B)`` in expectation (uniform routing)::
+
+        bytes = itemsize * (all parameters - expert parameters
+                            + moe_layers * touched * 3 * hidden * moe_ffn
+                            + layers * 2 * B * context * groups * head_dim)
+
+    The HBM floor of a step is ``bytes / bandwidth``; no engine decodes faster than
+    ``B / floor`` tokens/s.
+    """
+    E, K = cfg.num_experts, cfg.moe_router_topk
+    expert = 3 * cfg.hidden_size * cfg.moe_ffn_hidden_size
+    touched = E * (1 - (1 - K / E) ** batch)
+    head = cfg.kv_channels or cfg.hidden_size // cfg.num_attention_heads
+    groups = cfg.num_query_groups or cfg.num_attention_heads
+    weights = cfg.parameter_count - cfg.num_moe_layers * E * expert + cfg.num_moe_layers * touched * expert
+    kv = cfg.num_layers * 2 * batch * context * groups * head
+    return itemsize * (weights + kv)
+
+
+def bench_sampler(
+    cfg: MoEModelConfig, batch: int, prompt: int, new: int, engine: str, device: str = "cuda"
+) -> dict:
+    """Decode tokens/s of one wave of ``batch`` requests (seeded, temperature 1), after a warm-up wave
+    of the same shape (2 new tokens: the static engine's same batch and cache buckets, graphs captured).
+    Both engines in bf16 on CUDA (the tiny model too, whose ``auto`` is fp32), fp32 on the CPU."""
     from labrl.harness.samplers import LocalSampler, LocalSamplerConfig
     from labrl.harness.types import GenerateRequest, SamplingParams
 
-    sampler = LocalSampler(cfg, LocalSamplerConfig(max_batch_size=batch))
+    precision = "bf16" if device.startswith("cuda") else "fp32"  # bf16 on CUDA: the static engine's graphs
+    config = LocalSamplerConfig(
+        max_batch_size=batch, device=device, engine=engine, scheduling="waves", precision=precision
+    )
+    sampler = LocalSampler(cfg, config)
     gen = torch.Generator().manual_seed(0)
-    reqs = [
-        GenerateRequest(
-            rid=f"r{i}",
-            input_ids=tuple(torch.randint(0, min(cfg.vocab_size, 256), (prompt,), generator=gen).tolist()),
-            sampling=SamplingParams(max_new_tokens=new, seed=i, stop_token_ids=()),
-        )
-        for i in range(batch)
-    ]
-    asyncio.run(sampler.generate(reqs[:2]))  # warm-up
-    torch.cuda.synchronize()
+
+    def requests(max_new: int) -> list[GenerateRequest]:
+        return [
+            GenerateRequest(
+                rid=f"r{i}",
+                input_ids=tuple(
+                    torch.randint(0, min(cfg.vocab_size, 256), (prompt,), generator=gen).tolist()
+                ),
+                sampling=SamplingParams(max_new_tokens=max_new, seed=i, stop_token_ids=()),
+            )
+            for i in range(batch)
+        ]
+
+    cuda = device.startswith("cuda")
+    asyncio.run(sampler.generate(requests(2)))  # warm-up
+    if cuda:
+        torch.cuda.synchronize()
     started = time.perf_counter()
-    results = asyncio.run(sampler.generate(reqs))
-    torch.cuda.synchronize()
+    results = asyncio.run(sampler.generate(requests(new)))
+    if cuda:
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - started
     generated = sum(len(r.output_ids) for r in results)
-    return {"path": "LocalSampler decode", "batch": batch, "prompt": prompt, "new_tokens": new,
+    return {"path": f"LocalSampler decode, engine={engine}", "engine": engine, "model": cfg.name, "batch": batch,
+            "precision": precision, "prompt": prompt, "new_tokens": new,
             "tokens_per_s": generated / seconds}  # fmt: skip
+
+
+def sampler_rows(cfg: MoEModelConfig, prompt: int, new: int, bandwidth: float | None) -> list[dict]:
+    """Both engines at every batch of ``SAMPLER_BATCHES``, the HBM floor beside them (bf16 bytes)."""
+    rows = []
+    for batch in SAMPLER_BATCHES:
+        floor_s = (
+            None if bandwidth is None else decode_bytes_per_step(cfg, batch, prompt + new // 2) / bandwidth
+        )
+        by_engine = {}
+        for engine in ("megatron", "static"):
+            try:
+                r = bench_sampler(cfg, batch, prompt, new, engine)
+            except Exception as exc:  # one engine failing must not hide the other's numbers
+                r = {"path": f"LocalSampler decode, engine={engine}", "engine": engine, "model": cfg.name,
+                     "batch": batch, "error": f"{type(exc).__name__}: {exc}"}  # fmt: skip
+            r["hbm_floor_tokens_per_s"] = None if floor_s is None else batch / floor_s
+            by_engine[engine] = r
+            rows.append(r)
+        if all("tokens_per_s" in r for r in by_engine.values()):
+            by_engine["static"]["vs_megatron"] = (
+                by_engine["static"]["tokens_per_s"] / by_engine["megatron"]["tokens_per_s"]
+            )
+    return rows
+
+
+def sampler_cpu_part(batches: tuple[int, ...], prompt: int, new: int) -> dict:
+    """Both engines on the quickstart's tiny model on the CPU (fp32, eager), one run."""
+    rows = []
+    for batch in batches:
+        pair = {
+            e: bench_sampler(QUICKSTART_MODEL, batch, prompt, new, e, device="cpu")
+            for e in ("megatron", "static")
+        }
+        pair["static"]["vs_megatron"] = pair["static"]["tokens_per_s"] / pair["megatron"]["tokens_per_s"]
+        rows += pair.values()
+    return {"threads": torch.get_num_threads(), "rows": rows}
 
 
 def gpu_part(repeats: int) -> dict:
@@ -330,7 +422,11 @@ def gpu_part(repeats: int) -> dict:
                 r["vs_same_experts"] = r["tokens_per_s"] / bare[r["experts"]]
         out["shapes"][cfg.name] = {"B": B, "T": T, "micro_batch": mbs,
                                    "active_matmul_params": active_matmul_params(cfg), "rows": rows}  # fmt: skip
-    out["sampler"] = [bench_sampler(QUICKSTART_MODEL, 64, 160, 64), bench_sampler(BIG_MODEL, 32, 512, 64)]
+    bandwidth = hbm_bytes_per_s()
+    out["hbm_bytes_per_s"] = bandwidth
+    out["sampler"] = sampler_rows(QUICKSTART_MODEL, 160, 64, bandwidth) + sampler_rows(
+        BIG_MODEL, 512, 64, bandwidth
+    )
     out["core_attention"] = []
     for cfg, train, prefill, decode_batch in ((QUICKSTART_MODEL, (32, 200), (64, 160), 64),
                                               (BIG_MODEL, (2, 2048), (32, 512), 32)):  # fmt: skip
@@ -478,9 +574,17 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument(
+        "--sampler-cpu", action="store_true", help="both sampler engines on the tiny model, on the CPU"
+    )
     args = ap.parse_args()
     quiet_expected_warnings()
-    if args.cpu:
+    if args.sampler_cpu:
+        torch.set_num_threads(2)
+        result = {"sampler_cpu": sampler_cpu_part((8, 32), 160, 32)}
+        out = args.out or RESULTS / "gpu_learner_sampler_cpu.json"
+        print_sampler_rows(result["sampler_cpu"]["rows"])
+    elif args.cpu:
         result = {"cpu": cpu_part(args.episodes, args.batch, args.repeats, args.timed)}
         out = args.out or RESULTS / "gpu_learner_cpu_padding.json"
         print_cpu_table(result["cpu"])
@@ -514,6 +618,18 @@ def print_cpu_table(res: dict) -> None:
                   f"({r['sorted_speedup']:.2f}x)")  # fmt: skip
 
 
+def print_sampler_rows(rows: list[dict]) -> None:
+    print(
+        f"\n{'sampler':42} {'model':22} {'batch':>5} {'tok/s':>9} {'static/megatron':>16} {'HBM floor tok/s':>16}"
+    )
+    for r in rows:
+        floor = r.get("hbm_floor_tokens_per_s")
+        floor_s = "-" if floor is None else f"{floor:.0f}"
+        ratio = f"{r['vs_megatron']:.2f}x" if "vs_megatron" in r else ""
+        speed = f"{r['tokens_per_s']:.0f}" if "tokens_per_s" in r else f"error: {r.get('error')}"
+        print(f"{r['path']:42} {r['model']:22} {r['batch']:>5} {speed:>9} {ratio:>16} {floor_s:>16}")
+
+
 def print_gpu_table(res: dict) -> None:
     print(f"\n{res['device']}, bf16 peak {res['bf16_peak_tflops']} TFLOP/s")
     for name, shape in res["shapes"].items():
@@ -526,10 +642,7 @@ def print_gpu_table(res: dict) -> None:
             same = f"  same experts x{r['vs_same_experts']:.2f}" if "vs_same_experts" in r else ""
             print(f"  {r['path']:55} {r['tokens_per_s']:>10.0f} tok/s {r['model_tflops']:>7.1f} TFLOP/s "
                   f"MFU {mfu:>6} peak {r['peak_mem_gib']:.1f} GiB  x{r.get('vs_bare_megatron', 0):.2f}{same}")  # fmt: skip
-    for r in res["sampler"]:
-        print(
-            f"  {r['path']} batch {r['batch']} prompt {r['prompt']} +{r['new_tokens']}: {r['tokens_per_s']:.0f} tok/s"
-        )
+    print_sampler_rows(res["sampler"])
     print("\ncore attention, bf16 (ratio = unfused / sdpa)")
     for r in res["core_attention"]:
         if "error" in r:

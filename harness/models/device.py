@@ -336,3 +336,22 @@ def sdpa_native_gqa(device: torch.device, dtype: torch.dtype, explicit_mask: boo
     if device.type != "cuda":
         return True
     return dtype in (torch.bfloat16, torch.float16) and not explicit_mask
+
+
+def decode_graphs(
+    device: torch.device, caps: Capabilities, dtype: torch.dtype, *, disabled: bool
+) -> tuple[bool, str]:
+    """Whether the static decode engine (``samplers.static_decode``) captures its decode step as CUDA graphs, and why.
+
+    Only on CUDA, in bf16, unless the config disables it: a graph replays device work only, so
+    the step must never wait on the host, and torch's fp32 ``grouped_mm`` on CUDA is a loop over
+    the experts that reads the group sizes on the host (``experts_module``), which capture refuses.
+    Eager everywhere else: the same step, launched op by op.
+    """
+    if disabled:
+        return False, "eager (cuda_graphs: false)"
+    if device.type != "cuda" or not caps.cuda:
+        return False, "eager (CUDA graphs need CUDA)"
+    if dtype != torch.bfloat16:
+        return False, f"eager ({precision_name(dtype)} grouped_mm on CUDA syncs the host; graphs need bf16)"
+    return True, "CUDA graphs (bf16 on CUDA)"

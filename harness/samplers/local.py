@@ -35,11 +35,20 @@ requests draw the same tokens on every device), the recorded routing down.
 Behaviour log-prob of a token = log softmax(logits / temperature) at that
 token (temperature 0 -> 1), before top-k/top-p truncation; the learner uses
 the same temperature.
+
+``engine="static"`` runs the same model through ``static_decode.StaticDecodeEngine``
+instead: static shapes, sampling on the device, one host sync per
+``finish_check_steps`` decode steps, CUDA graphs where ``device.decode_graphs``
+allows. It serves batches in waves (no admission into a running batch), keeps the
+same version-per-token and routing contracts, and draws its tokens from
+``device_sampling``'s counter-based noise, not the host generators (a seed gives
+other tokens than under the megatron engine; what it guarantees is said there).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -48,7 +57,7 @@ from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from labrl.errors import SamplerError
 from labrl.harness.models import device as dev
@@ -56,6 +65,9 @@ from labrl.harness.models.build import build_gpt_model
 from labrl.harness.models.config import MoEModelConfig, ParallelConfig
 from labrl.harness.models.device import DEVICE_PATTERN, HOST, PrecisionChoice
 from labrl.harness.models.routing import from_megatron_layout, model_router_replays
+from labrl.harness.samplers.device_sampling import truncation_mask
+from labrl.harness.samplers.static_batch import StaticShape, needs_truncation, pack, row_end, static_shape
+from labrl.harness.samplers.static_decode import StaticDecodeEngine, check_supported
 from labrl.harness.types import GenerateRequest, GenerateResult, SamplingParams
 
 
@@ -83,6 +95,29 @@ class LocalSamplerConfig(BaseModel):
         description="continuous: decode steps between two admissions into a running batch "
         "(each admission costs a prefill and a cache copy)",
     )
+    engine: Literal["megatron", "static"] = Field(
+        default="megatron",
+        description="megatron: megatron-core's KV cache, host sampling; static: static-shape decode steps "
+        "on the device, CUDA graphs where device.decode_graphs allows (served in waves; docs/gpu.md)",
+    )
+    cuda_graphs: bool = Field(default=True, description="static engine: capture decode steps (false: eager)")
+    batch_buckets: tuple[int, ...] = Field(
+        default=(1, 8, 32, 64, 128, 256),
+        description="static engine: batch sizes with an engine (and graphs) of their own; a batch runs "
+        "in the smallest that holds it",
+    )
+    finish_check_steps: int = Field(
+        default=8,
+        ge=1,
+        description="static engine: decode steps between two reads of the rows' done flags (one host sync each)",
+    )
+
+    @field_validator("batch_buckets")
+    @classmethod
+    def _positive_sorted(cls, sizes: tuple[int, ...]) -> tuple[int, ...]:
+        if not sizes or any(s < 1 for s in sizes):
+            raise ValueError(f"batch_buckets={sizes}: give one or more sizes >= 1")
+        return tuple(sorted(set(sizes)))
 
 
 @dataclass
@@ -121,16 +156,14 @@ def sample_token(
         token = int(torch.argmax(logits_V))
         return token, float(logp_V[token])
     logp_V = torch.log_softmax(logits_V / params.temperature, dim=-1)
-    filtered = logp_V.clone()
-    if params.top_k > 0 and params.top_k < filtered.numel():
-        kth = torch.topk(filtered, params.top_k).values[-1]
-        filtered[filtered < kth] = -float("inf")
-    if params.top_p < 1.0:
-        sorted_lp, order = torch.sort(filtered, descending=True)
-        cumulative = torch.cumsum(torch.exp(sorted_lp), dim=-1)
-        # keep the smallest prefix whose mass reaches top_p (the first token always stays)
-        drop_sorted = (cumulative - torch.exp(sorted_lp)) >= params.top_p
-        filtered[order[drop_sorted]] = -float("inf")
+    filtered = logp_V
+    if (params.top_k > 0 and params.top_k < logp_V.numel()) or params.top_p < 1.0:
+        keep = truncation_mask(  # the static engine's rule, one row
+            logp_V[None],
+            torch.tensor([params.top_k], dtype=torch.long, device=HOST),
+            torch.tensor([params.top_p], dtype=torch.float32, device=HOST),
+        )[0]
+        filtered = logp_V.masked_fill(~keep, -float("inf"))
     probs = torch.softmax(filtered, dim=-1)
     token = int(torch.multinomial(probs, 1, generator=generator))
     return token, float(logp_V[token])
@@ -160,7 +193,12 @@ class LocalSampler:
             routing_replay=True,
             device=self.device,
             dtype=self.dtype,
+            # the static engine runs the experts through TorchGroupedMLP's stacked weights
+            experts="grouped_mm" if self.config.engine == "static" else "auto",
         ).eval()
+        self._static: StaticDecodeEngine | None = None  # the static engine of the last batch shape
+        if self.config.engine == "static":
+            check_supported(self.model)  # refuse a model it cannot run now, not at the first batch
         self._replays = model_router_replays(self.model)
         self._param_names = {k for k in self.model.state_dict() if not k.endswith("_extra_state")}
         self._lock = threading.Lock()  # one forward or one weight load at a time
@@ -241,16 +279,17 @@ class LocalSampler:
         self.waiting_on_pause = False
 
     async def _drain(self) -> None:
-        if self.config.scheduling == "continuous":
+        if self.config.scheduling == "continuous" and self.config.engine == "megatron":
             await self._serve_continuous()
             return
+        run = self._run_static_batch if self.config.engine == "static" else self._run_batch
         while self._pending:
             await asyncio.sleep(self.config.batch_wait_s)
             await self._wait_if_paused()
             batch = self._pending[: self.config.max_batch_size]
             del self._pending[: len(batch)]
             try:
-                results = await self._run_batch([p.request for p in batch])
+                results = await run([p.request for p in batch])
             except BaseException as exc:
                 for p in batch:
                     if not p.future.done():
@@ -371,6 +410,112 @@ class LocalSampler:
             self._result(row, {"batch_size": B, "prefill_s": prefill_s, "generate_s": elapsed})
             for row in rows
         ]
+
+    # -- the static engine -------------------------------------------------------
+
+    async def _run_static_batch(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+        """One wave on ``StaticDecodeEngine``: prefill, then decode steps in chunks of
+        ``finish_check_steps`` (each chunk one worker-thread hop and one read of the done flags).
+
+        Each step takes the model lock, so a weight update lands between two steps; the host
+        records the version of every forward, token ``j`` carrying that of the forward behind
+        its logits (the prefill for ``j = 0``, decode step ``j - 1`` after). Unseeded requests
+        get a seed drawn from the sampler's generator (``device_sampling``: what a seed guarantees).
+        """
+        started = time.perf_counter()
+        max_len = self.model_config.max_sequence_length
+        rows = [
+            _Row(
+                request=r,
+                max_new=min(r.sampling.max_new_tokens, max_len - len(r.input_ids)),
+                generator=self._generator,
+            )
+            for r in requests
+        ]
+        live = [row for row in rows if row.max_new > 0]
+        for row in rows:
+            if row.max_new <= 0:
+                row.finish = "abort"
+        prefill_s = 0.0
+        if live:
+            reqs = [row.request for row in live]
+            max_new = [row.max_new for row in live]
+            seeds = [self._row_seed(r) for r in reqs]
+            shape = static_shape(reqs, max_new, self.config.batch_buckets, max_len)
+            host = pack(reqs, max_new, seeds, shape, self.config.pad_token_id)
+            engine = await asyncio.to_thread(self._static_engine, shape)
+            versions = [await asyncio.to_thread(self._static_prefill, engine, host)]
+            prefill_s = time.perf_counter() - started
+            truncate, steps = needs_truncation(reqs), 0
+            while steps < shape.steps:
+                await asyncio.sleep(0)  # let other coroutines (weight updates, envs) run
+                await self._wait_if_paused()
+                chunk = min(self.config.finish_check_steps, shape.steps - steps)
+                done, chunk_versions = await asyncio.to_thread(self._static_steps, engine, chunk, truncate)
+                versions += chunk_versions
+                steps += chunk
+                self.decode_steps += chunk
+                if done:
+                    break
+            record = any(r.return_routed_experts for r in reqs)
+            tokens, logprobs, routed = await asyncio.to_thread(
+                functools.partial(engine.read_back, steps, shape.prompt, routing=record)
+            )
+            for b, row in enumerate(live):
+                n, row.finish = row_end(tokens[b].tolist(), row.max_new, row.request.sampling.stop_token_ids)
+                row.output = tokens[b, :n].tolist()
+                row.logprobs = logprobs[b, :n].tolist()
+                row.versions = versions[:n]
+                if routed is not None and row.request.return_routed_experts:
+                    first = shape.prompt - len(row.request.input_ids)
+                    # prompt slots and the n - 1 fed tokens; ``_result`` pads the never-fed last one
+                    row.routed = [routed[b, first : shape.prompt + n - 1].numpy().astype(np.int32)]
+        elapsed = time.perf_counter() - started
+        self.stats["generated_tokens"] += sum(len(row.output) for row in rows)
+        self.stats["batches"] += 1
+        self.stats["busy_s"] += elapsed
+        info = {"batch_size": len(requests), "prefill_s": prefill_s, "generate_s": elapsed}
+        return [self._result(row, dict(info)) for row in rows]
+
+    def _row_seed(self, request: GenerateRequest) -> int:
+        if request.sampling.seed is not None:
+            return request.sampling.seed
+        return int(torch.randint(0, 2**62, (1,), generator=self._generator, device=HOST))
+
+    def _static_engine(self, shape: StaticShape) -> StaticDecodeEngine:
+        """The engine for ``shape``: the last one when its shape matches, else a new one (the old one's
+        cache and graphs are freed first: one engine's memory at a time)."""
+        key = (shape.batch, shape.capacity, shape.stop_width)
+        engine = self._static
+        if engine is not None and (engine.B, engine.C, engine.stop_ids.shape[1]) == key:
+            return engine
+        self._static = None
+        graphs, _ = dev.decode_graphs(
+            self.device, dev.detect_capabilities(), self.dtype, disabled=not self.config.cuda_graphs
+        )
+        with self._lock:  # graph capture must not overlap a weight copy
+            self._static = StaticDecodeEngine(
+                self.model,
+                batch_size=shape.batch,
+                capacity=shape.capacity,
+                stop_width=shape.stop_width,
+                graphs=graphs,
+            )
+        return self._static
+
+    def _static_prefill(self, engine: StaticDecodeEngine, host: dict[str, torch.Tensor]) -> int:
+        with self._lock:
+            engine.start_batch(**host)
+            return self._version
+
+    def _static_steps(self, engine: StaticDecodeEngine, steps: int, truncate: bool) -> tuple[bool, list[int]]:
+        """``steps`` decode steps, the lock taken per step; (every row done?, each forward's version)."""
+        versions = []
+        for _ in range(steps):
+            with self._lock, torch.no_grad():
+                engine.step(truncate)
+                versions.append(self._version)
+        return engine.all_done(), versions
 
     def _result(self, row: _Row, info: dict) -> GenerateResult:
         K = self.model_config.moe_router_topk

@@ -71,6 +71,7 @@ EXAMPLES: dict[str, tuple[Any, list[str]]] = {
     "sampler.sglang.group_sep": ("|", []),
     "learner.device": ("cpu", []),
     "sampler.local.device": ("cpu", []),
+    "sampler.local.batch_buckets": ([8, 64], []),
 }
 
 

@@ -333,3 +333,32 @@ def test_the_precision_reason_says_why():
     )
     assert dev.precision_reason("auto", cpu, parameters=3 * 10**10) == "fp32 (auto: fp32 off CUDA)"
     assert dev.precision_reason("bf16", cpu, parameters=1) == "bf16 (as configured)"
+
+
+@pytest.mark.parametrize(
+    "caps, dtype, disabled, want",
+    [
+        (CPU_GMM, FP32, False, False),
+        (CPU_GMM, BF16, False, False),
+        (CUDA_GMM, BF16, False, True),
+        (CUDA_GMM, BF16, True, False),  # cuda_graphs: false
+        (CUDA_GMM, FP32, False, False),  # fp32 grouped_mm on CUDA reads group sizes on the host
+        (CUDA_GMM_TE, BF16, False, True),
+    ],
+)
+def test_decode_graphs_for_each_combination(caps, dtype, disabled, want):
+    graphs, reason = dev.decode_graphs(on(caps), caps, dtype, disabled=disabled)
+    assert graphs is want
+    assert reason.startswith("CUDA graphs" if want else "eager")
+
+
+def test_capture_is_eager_without_cuda_graphs():
+    from labrl.harness.samplers.static_decode import capture_step
+
+    calls = []
+
+    def step() -> None:
+        calls.append(1)
+
+    assert capture_step(step, torch.device("cpu"), enabled=False) is step
+    assert calls == []  # no warm-up runs when nothing is captured
