@@ -40,7 +40,15 @@ from labrl.envs.cascade.config import CascadeSection
 from labrl.envs.cascade.estimator import cascade_reward
 from labrl.envs.cascade.group import GroupGate
 from labrl.envs.cascade.ledger import BudgetLedger, MemoryLedger, SqliteLedger
-from labrl.envs.cascade.stages import CascadeRecord, Stage, StageRecord, Threshold, TopK, check_stages
+from labrl.envs.cascade.stages import (
+    GROUP_RULES,
+    CascadeRecord,
+    Stage,
+    StageRecord,
+    Threshold,
+    TopK,
+    check_stages,
+)
 from labrl.envs.types import Action, StepResult, Task
 from labrl.errors import ConfigError, EnvError, VerifierError
 
@@ -90,6 +98,11 @@ class CascadeEnv(Env):
         except ValueError as exc:
             raise ConfigError(f"{env_id}: {exc}") from exc
         self.cascade.check_against(self.stages, env_id)
+
+    @property
+    def needs_group_gate(self) -> bool:
+        """Whether a rule decides by the group (``TopK``): its G envs must then share one ``GroupGate``."""
+        return any(isinstance(s.pass_on, GROUP_RULES) for s in self.stages)
 
     def join_group(self, gate: GroupGate, member: int) -> None:
         """Take part in ``gate`` as ``member``: what ``TopK`` rules rank by."""
@@ -189,5 +202,5 @@ class CascadeEnv(Env):
             return
         gate, member = self._gate
         for stage in self.stages[max(reached - 1, 0) :]:
-            if isinstance(stage.pass_on, TopK):
+            if isinstance(stage.pass_on, GROUP_RULES):
                 gate.withdraw(member, stage.name)

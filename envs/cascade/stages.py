@@ -77,6 +77,8 @@ class TopK(_Record):
 
 
 PassRule = Annotated[Threshold | TopK, Field(discriminator="kind")]
+#: the rules that decide from the group's values, so a group's envs share a ``GroupGate``
+GROUP_RULES: tuple[type, ...] = (TopK,)
 
 
 class Stage(_Record):

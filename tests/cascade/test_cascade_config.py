@@ -21,9 +21,10 @@ SHRINK = [
 
 
 @pytest.mark.slow
-def test_the_cascade_config_trains_end_to_end(tmp_path, capsys):
+@pytest.mark.parametrize("rule", [[], ["env.options.top_k=1"]], ids=["threshold", "top_k"])
+def test_the_cascade_config_trains_end_to_end(tmp_path, capsys, rule):
     run = tmp_path / "run"
-    overrides = [*SHRINK, f"run_dir={run}", f"cascade.ledger_path={tmp_path / 'ledger.sqlite'}"]
+    overrides = [*SHRINK, *rule, f"run_dir={run}", f"cascade.ledger_path={tmp_path / 'ledger.sqlite'}"]
     assert main(["train", str(CONFIG), *overrides]) == 0, capsys.readouterr()
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
