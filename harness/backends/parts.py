@@ -10,8 +10,8 @@ the same whichever process holds a part.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
