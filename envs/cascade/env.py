@@ -110,6 +110,10 @@ class CascadeEnv(Env):
         """Take part in ``gate`` as ``member``: what ``TopK`` rules rank by."""
         self._gate = (gate, member)
 
+    async def ledger_spent(self) -> dict[str, float]:
+        """What the run's budget ledger (the one every episode of this process pays through) charged per stage."""
+        return await shared_ledger(self.cascade).spent()
+
     @abstractmethod
     def candidate(self, action: Action) -> Any:
         """The thing the stages score, from the model's turn; ``InvalidActionError`` if unusable."""
