@@ -15,7 +15,7 @@ from cascade_fakes import play_group
 from labrl.envs import make
 from labrl.envs.cascade import CascadeRecord, Informative
 from labrl.envs.cascade.estimator import cascade_reward, conditional_variance
-from labrl.envs.cascade.residuals import GapStats
+from labrl.envs.cascade.residuals import GapStats, shared_gaps
 from labrl.errors import ConfigError
 
 Z = 4.0
@@ -95,3 +95,15 @@ async def test_the_synthetic_env_pays_the_truth_where_the_group_sign_is_uncertai
 def test_one_rule_at_a_time():
     with pytest.raises(ConfigError, match="top_k or informative_z"):
         make("synthetic/cascade-v0", top_k=1, informative_z=2.0)
+
+
+async def test_once_enough_gaps_are_measured_their_deviation_replaces_the_prior():
+    gaps = shared_gaps("synthetic/cascade-v0", "proxy")  # this test's event loop: a fresh process view
+    for i in range(20):
+        gaps.add(1.0 if i % 2 else -1.0)  # sd ~1.03: every sign in a group is uncertain
+    answers = ["0.1", "0.42", "0.47", "0.5", "0.9"]
+    _, group = await play_group(
+        [f"<answer>{a}</answer>" for a in answers], top_k=None, informative_z=2.0, proxy_noise=0.1
+    )
+    assert [len(t.info["cascade"]["stages"]) for t in group] == [2] * len(answers)
+    assert gaps.count == 20 + len(answers)  # each truth paid adds its gap
