@@ -65,13 +65,17 @@ class AnswerSampler(BigramSampler):
         return GenerateResult(r.rid, ids, [-1.0] * len(ids), [self.version] * len(ids), "stop")
 
 
-def cascade_orchestrator(run_dir: Path, *, steps: int = 2, **options) -> tuple[Orchestrator, list[dict]]:
-    """An orchestrator over the synthetic cascade (``options``) with a sampler that always answers."""
+def cascade_orchestrator(
+    run_dir: Path, *, steps: int = 2, eval_every: int | None = None, **options
+) -> tuple[Orchestrator, list[dict], list[dict]]:
+    """An orchestrator over the synthetic cascade (``options``) with a sampler that always answers; its step
+    and evaluation records. It evaluates at the start and the end unless ``eval_every`` says otherwise."""
     cfg = PipelineSection(
-        mode="pipeline", batch_groups=2, group_size=4, total_steps=steps, eval_every=0, progress=False,
+        mode="pipeline", batch_groups=2, group_size=4, total_steps=steps, eval_every=steps if eval_every is None else eval_every, eval_size=4, progress=False,
         max_staleness=1, dynamic_sampling=False,
     )  # fmt: skip
     records: list[dict] = []
+    evals: list[dict] = []
     orch = Orchestrator(
         cfg,
         make_env=lambda: make("synthetic/cascade-v0", **{**FAST, **options}),
@@ -81,5 +85,6 @@ def cascade_orchestrator(run_dir: Path, *, steps: int = 2, **options) -> tuple[O
         sampling=SamplingParams(max_new_tokens=24),
         run_dir=run_dir,
         on_step=records.append,
+        on_eval=evals.append,
     )
-    return orch, records
+    return orch, records, evals
