@@ -65,6 +65,9 @@ def test_over_random_groups_the_reward_is_unbiased_and_pays_for_fewer_truths():
     expected_var = np.var(e) + np.mean((1 - q) / q * (e - c) ** 2)
     assert abs(r.mean() - e.mean()) < Z * math.sqrt(expected_var / r.size)
     assert 0.2 < ran.mean() < 0.6  # pays for the truth on a fraction of the members, never all
+    # where it skips the truth, the truth would rarely have flipped the advantage's sign (0.4 % here)
+    flips = np.sign(e - e.mean(axis=1, keepdims=True)) != np.sign(c - c.mean(axis=1, keepdims=True))
+    assert flips[q < 1].mean() < 0.01 and flips[q == 1].mean() > 0.1
 
 
 def test_the_gap_statistics_are_the_sample_mean_and_deviation():
