@@ -97,8 +97,19 @@ def summary_line(record: Mapping[str, Any], total_steps: int) -> str:
         f"env_error/verifier_failed {_fmt(record.get('errors/env_error_frac'), '.2f')}/"
         f"{_fmt(record.get('errors/verifier_failed_frac'), '.2f')}  "
         f"eval {_fmt(record.get('eval/accuracy'))}  ETA {_fmt(eta / 60 if eta is not None else None, '.1f')} min"
+        + budgets_left(record)
         + (f"  {record['health']}" if record.get("health") else "")
     )
+
+
+def budgets_left(record: Mapping[str, Any]) -> str:
+    """``  budget left truth 9.2/10`` for each cascade stage with a budget (``cascade/<stage>/left``)."""
+    parts = [
+        f"{key.split('/')[1]} {_fmt(record[key], '.3g')}/{_fmt(record.get(key.removesuffix('left') + 'limit'), '.3g')}"
+        for key in sorted(record)
+        if key.startswith("cascade/") and key.endswith("/left")
+    ]
+    return f"  budget left {' '.join(parts)}" if parts else ""
 
 
 class LiveProgress:

@@ -20,11 +20,15 @@ with both axes labelled:
   collapsed, or a task out of reach), cumulative per step;
 - ``by_label.png`` (only when the evaluations carry ``by_label``: an env that
   labels its tasks): held-out accuracy per task label, one line per label (the
-  ``MAX_LABEL_LINES`` lowest at the last evaluation when there are more).
+  ``MAX_LABEL_LINES`` lowest at the last evaluation when there are more);
+- ``cascade_budget.png`` (only for a cascade env: ``cascade/<stage>/spent`` in the
+  metrics): each stage's spend per step, as a fraction of its budget where it has one.
 
 The summary ends, for labelled runs, with the labels the policy never answered
 at the last evaluation (accuracy 0 and named for no task): a policy that has
-collapsed those classes onto others, with what it answered instead.
+collapsed those classes onto others, with what it answered instead; for a
+cascade env, with one line per stage: spent, of its budget and left, cost per
+episode, and the mean rate at which its rule passed episodes on.
 """
 
 from __future__ import annotations
@@ -188,7 +192,35 @@ def summarise(rows: list[dict], evals: list[dict]) -> str:
     collapse = collapse_line(evals)
     if collapse is not None:
         lines.append(collapse)
+    lines.extend(cascade_lines(rows))
     return "\n".join(lines)
+
+
+def cascade_stages(rows: list[dict]) -> list[str]:
+    """The cascade stages a run's metrics name (``cascade/<stage>/spent``), in first-seen order."""
+    seen: dict[str, None] = {}
+    for r in rows:
+        for key in r:
+            if key.startswith("cascade/") and key.endswith("/spent"):
+                seen.setdefault(key.split("/")[1], None)
+    return list(seen)
+
+
+def cascade_lines(rows: list[dict]) -> list[str]:
+    """One line per cascade stage: spent (of its budget, and what is left), cost per episode, mean pass rate."""
+    lines = []
+    last = rows[-1]
+    for stage in cascade_stages(rows):
+        key = f"cascade/{stage}"
+        line = f"cascade stage {stage}: spent {last.get(f'{key}/spent', 0.0):.4g}"
+        if f"{key}/limit" in last:
+            line += f" of {last[f'{key}/limit']:.4g} (left {last[f'{key}/left']:.4g})"
+        line += f", {last.get(f'{key}/cost_per_episode', 0.0):.4g} per episode"
+        rates = [r[f"{key}/pass_rate"] for r in rows if r.get(f"{key}/pass_rate") is not None]
+        if rates:
+            line += f", passed on {sum(rates) / len(rates):.3f} (mean over steps)"
+        lines.append(line)
+    return lines
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None, *, x: XAxis = "step") -> Report:
@@ -329,6 +361,26 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, x: XAxis
             ax.plot(*_series(rows, key, x), label=label)
     ax.legend(fontsize=8)
     save(fig, ax, "groups.png", title="groups kept and dropped (cumulative)", ylabel="groups")
+
+    stages = cascade_stages(rows)
+    if stages:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for stage in stages:
+            xs, spent = _series(rows, f"cascade/{stage}/spent", x)
+            limit = rows[-1].get(f"cascade/{stage}/limit")
+            ax.plot(
+                xs,
+                [v / limit for v in spent] if limit else spent,
+                label=stage + ("" if limit else " (no budget: spent)"),
+            )
+        ax.legend(fontsize=8)
+        save(
+            fig,
+            ax,
+            "cascade_budget.png",
+            title="cascade budget spent",
+            ylabel="fraction of the stage's budget",
+        )
 
     per_label = label_accuracy(evals, x)
     if per_label:

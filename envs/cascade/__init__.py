@@ -13,6 +13,7 @@ from labrl.envs.cascade.ledger import BudgetLedger, MemoryLedger, SqliteLedger
 from labrl.envs.cascade.stages import (
     CascadeRecord,
     CostUnit,
+    Informative,
     Latency,
     Stage,
     StageRecord,
@@ -27,6 +28,7 @@ __all__ = [
     "CascadeSection",
     "CostUnit",
     "GroupGate",
+    "Informative",
     "Latency",
     "MemoryLedger",
     "SqliteLedger",

@@ -5,7 +5,7 @@ Owned by the cascade component (not ``env.budgets``, which are per-episode time 
     cascade:
       audit_probability: 0.1          # p: a candidate the rule stops still goes on with probability p
       seed: 0                         # seeds the audit draws (labrl.envs.cascade.env)
-      ledger_path: runs/x/cascade-ledger.sqlite   # None: an in-memory ledger, lost with the process
+      ledger_path: runs/x/cascade-ledger.sqlite   # None: RUN_DIR/cascade-ledger.sqlite under labrl train, else in memory
       budgets:
         dft: {limit: 2.0, unit: gpu_h}  # the run may charge stage "dft" at most 2 GPU-hours
 
@@ -55,7 +55,9 @@ class CascadeSection(_Section):
     )
     seed: int = Field(default=0, ge=0, description="seeds the audit draws")
     ledger_path: str | None = Field(
-        default=None, min_length=1, description="SQLite budget ledger; None: in memory, lost with the process"
+        default=None,
+        min_length=1,
+        description="SQLite budget ledger; None: RUN_DIR/cascade-ledger.sqlite under labrl train, else in memory",
     )
     budgets: dict[str, StageBudget] = Field(default_factory=dict, description="per-stage budgets")
 

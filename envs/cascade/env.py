@@ -10,7 +10,7 @@ A subclass declares its stages (``self.stages``, validated by ``set_stages``) an
 
 ``step`` runs the cascade for a single-turn env (a multi-turn env calls ``run_cascade`` in its final
 step). For each stage after the first, the previous stage's rule decides (``Threshold``, or
-``TopK`` through the group's ``GroupGate``); a candidate it stops still runs the stage when the
+``TopK`` and ``Informative`` through the group's ``GroupGate``); a candidate it stops still runs the stage when the
 audit draw ``u < p`` (``cascade.audit_probability``), so the stage ran with probability ``q = 1``
 (passed) or ``q = p`` (audited). ``u`` is a uniform drawn from a hash of ``(cascade.seed, stage
 key)``: deterministic for a candidate, so replaying an episode gives the same reward, and
@@ -40,7 +40,17 @@ from labrl.envs.cascade.config import CascadeSection
 from labrl.envs.cascade.estimator import cascade_reward
 from labrl.envs.cascade.group import GroupGate
 from labrl.envs.cascade.ledger import BudgetLedger, MemoryLedger, SqliteLedger
-from labrl.envs.cascade.stages import CascadeRecord, Stage, StageRecord, Threshold, TopK, check_stages
+from labrl.envs.cascade.residuals import shared_gaps
+from labrl.envs.cascade.stages import (
+    GROUP_RULES,
+    CascadeRecord,
+    Informative,
+    Stage,
+    StageRecord,
+    Threshold,
+    TopK,
+    check_stages,
+)
 from labrl.envs.types import Action, StepResult, Task
 from labrl.errors import ConfigError, EnvError, VerifierError
 
@@ -91,9 +101,18 @@ class CascadeEnv(Env):
             raise ConfigError(f"{env_id}: {exc}") from exc
         self.cascade.check_against(self.stages, env_id)
 
+    @property
+    def needs_group_gate(self) -> bool:
+        """Whether a rule decides by the group (``TopK``): its G envs must then share one ``GroupGate``."""
+        return any(isinstance(s.pass_on, GROUP_RULES) for s in self.stages)
+
     def join_group(self, gate: GroupGate, member: int) -> None:
         """Take part in ``gate`` as ``member``: what ``TopK`` rules rank by."""
         self._gate = (gate, member)
+
+    async def ledger_spent(self) -> dict[str, float]:
+        """What the run's budget ledger (the one every episode of this process pays through) charged per stage."""
+        return await shared_ledger(self.cascade).spent()
 
     @abstractmethod
     def candidate(self, action: Action) -> Any:
@@ -126,6 +145,10 @@ class CascadeEnv(Env):
                 if audit_uniform(self.cascade.seed, key) >= probability:
                     break
             records.append(await self._run_stage(ledger, key, stage, candidate, probability, passed))
+            if index > 0 and isinstance(self.stages[index - 1].pass_on, Informative):
+                shared_gaps(task.env_id, self.stages[index - 1].name).add(
+                    records[-1].value - records[-2].value
+                )
         self._withdraw_after(len(records))
         values = [r.value for r in records]
         reward = cascade_reward(values, [r.run_probability for r in records[1:]])
@@ -170,17 +193,23 @@ class CascadeEnv(Env):
 
     async def _passes(self, stage: Stage, value: float) -> bool:
         rule = stage.pass_on
+        if rule is None:
+            raise AssertionError(f"stage {stage.name!r} has no pass_on rule")  # check_stages forbids it
         if isinstance(rule, Threshold):
             return rule.passes(value)
+        if self._gate is None:  # every other rule decides by the group
+            raise EnvError(
+                f"{self.spec.id}: stage {stage.name!r} passes on by its group ({rule.kind}), "
+                "but the env joined no group (CascadeEnv.join_group)"
+            )
+        gate, member = self._gate
         if isinstance(rule, TopK):
-            if self._gate is None:
-                raise EnvError(
-                    f"{self.spec.id}: stage {stage.name!r} passes on the top {rule.k} of a group, "
-                    "but the env joined no group (CascadeEnv.join_group)"
-                )
-            gate, member = self._gate
             return await gate.rank(member, stage.name, value) < rule.k
-        raise AssertionError(f"stage {stage.name!r} has no pass_on rule")  # check_stages forbids it
+        sigma = rule.noise
+        gaps = shared_gaps(self.episode_task().env_id, stage.name)
+        if rule.learn and gaps.count >= rule.min_residuals:
+            sigma = gaps.std  # read before reporting: no gap of this group is in it yet
+        return member in rule.passing(await gate.reported(member, stage.name, value), sigma)
 
     def _withdraw_after(self, reached: int) -> None:
         """Withdraw from the group's rankings of every stage from ``reached - 1`` on that this
@@ -189,5 +218,5 @@ class CascadeEnv(Env):
             return
         gate, member = self._gate
         for stage in self.stages[max(reached - 1, 0) :]:
-            if isinstance(stage.pass_on, TopK):
+            if isinstance(stage.pass_on, GROUP_RULES):
                 gate.withdraw(member, stage.name)

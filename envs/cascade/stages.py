@@ -11,7 +11,8 @@ it. A ``Stage`` declares:
   spread ``sigma`` (``t = median_s * exp(sigma * z)``, ``z ~ N(0, 1)``), for planning admission;
 - ``pass_on``: whether a candidate scored by this stage goes on to the next one. ``Threshold``
   passes a candidate whose value is at least ``min_reward``; ``TopK`` passes the ``k`` best of the
-  episode's GRPO group and needs the group's values (``labrl.envs.cascade.group.GroupGate``).
+  episode's GRPO group and needs the group's values (``labrl.envs.cascade.group.GroupGate``);
+  ``Informative`` passes the members whose group advantage the next stage could flip (its docstring).
   A candidate that does not pass still goes on with the audit probability (``CascadeSection``),
   which is what keeps the reward unbiased (``labrl.envs.cascade.estimator``).
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Literal
 
@@ -76,7 +78,48 @@ class TopK(_Record):
     k: int = Field(ge=1)
 
 
-PassRule = Annotated[Threshold | TopK, Field(discriminator="kind")]
+class Informative(_Record):
+    """Pass on the members of the group whose next stage could flip the sign of their group advantage.
+
+    With ``v_i`` the values the ``n`` members reported at this stage, ``m`` their mean and ``g_i``
+    the gap to the next stage (``s_next = v + g``, mean ``mu``, standard deviation ``sigma``,
+    independent across members), the next stage's group advantage is
+    ``(v_i - m) + (g_i - mean_j g_j)``: the constant ``mu`` cancels and the second term has standard
+    deviation ``sigma * sqrt(1 - 1/n)``. So a member passes when
+
+        |v_i - m| < margin = z * sigma * sqrt(1 - 1/n)
+
+    (its sign is uncertain at ``z`` standard deviations); elsewhere the next stage cannot flip the
+    sign but with small probability and runs only as an audit. ``sigma`` is ``noise`` until
+    ``min_residuals`` pairs of (this stage, next stage) values have been seen in the process
+    (``learn``), then their measured standard deviation. A group of one has no advantage: nobody passes.
+    The decision uses this stage's values only, never the next one's, so the estimator stays unbiased.
+    """
+
+    kind: Literal["informative"] = "informative"
+    noise: float = Field(
+        ge=0, description="sigma before any is measured: the proxy's noise against the next stage"
+    )
+    z: float = Field(default=2.0, gt=0, le=10)
+    learn: bool = Field(default=True, description="replace noise by the std of the measured gaps")
+    min_residuals: int = Field(default=20, ge=2)
+
+    def margin(self, members: int, sigma: float) -> float:
+        """``z * sigma * sqrt(1 - 1/n)``: how far from the group mean a sign can still flip."""
+        return self.z * sigma * math.sqrt(1.0 - 1.0 / members) if members > 1 else 0.0
+
+    def passing(self, values: Mapping[int, float], sigma: float) -> frozenset[int]:
+        """The members (keys of ``values``) within the margin of the group mean."""
+        if not values:
+            return frozenset()
+        mean = sum(values.values()) / len(values)
+        margin = self.margin(len(values), sigma)
+        return frozenset(member for member, v in values.items() if abs(v - mean) < margin)
+
+
+PassRule = Annotated[Threshold | TopK | Informative, Field(discriminator="kind")]
+#: the rules that decide from the group's values, so a group's envs share a ``GroupGate``
+GROUP_RULES: tuple[type, ...] = (TopK, Informative)
 
 
 class Stage(_Record):

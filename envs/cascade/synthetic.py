@@ -12,7 +12,8 @@ same ``z``). ``proxy_offset`` is a constant bias (harmless to a group's advantag
 alone learns the wrong answer). With the shift at 0 the gap ``c - e`` has mean ``proxy_offset``
 and variance ``proxy_noise**2``, the closed form the estimator tests use. The proxy passes a
 candidate on to the truth when ``c >= pass_threshold`` (or, with ``top_k``, when it is among the
-``top_k`` best of its group by ``c``); others are audited with the run's
+``top_k`` best of its group by ``c``; with ``informative_z``, when the truth could flip the sign of
+its group advantage: ``Informative`` with ``proxy_noise`` as its prior sigma); others are audited with the run's
 ``cascade.audit_probability``. Costs and latencies (log-normal, ``labrl.envs.cascade.stages.Latency``)
 are options; each stage waits its latency with ``asyncio.sleep``.
 """
@@ -27,10 +28,10 @@ import re
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from labrl.envs.cascade.env import CascadeEnv
-from labrl.envs.cascade.stages import CostUnit, Latency, Stage, Threshold, TopK
+from labrl.envs.cascade.stages import CostUnit, Informative, Latency, Stage, Threshold, TopK
 from labrl.envs.types import Action, Budgets, EnvSpec, Message, Observation, Split, Task
 from labrl.errors import ConfigError, InvalidActionError
 from labrl.untrusted_text import last_block
@@ -50,12 +51,32 @@ class SyntheticCascadeOptions(BaseModel):
     top_k: int | None = Field(
         default=None, ge=1, description="pass the top k of the group instead (needs a GroupGate)"
     )
+    informative_z: float | None = Field(
+        default=None,
+        gt=0,
+        le=10,
+        description="pass the members whose group advantage sign the truth could flip, at z (Informative)",
+    )
     proxy_cost_cpu_s: float = Field(default=0.01, ge=0)
     truth_cost_gpu_h: float = Field(default=0.001, ge=0)
     proxy_latency_s: float = Field(default=0.001, gt=0, le=3600)
     truth_latency_s: float = Field(default=0.01, gt=0, le=3600)
     latency_sigma: float = Field(default=0.5, ge=0, le=5)
     cascade: dict[str, Any] | None = Field(default=None, description="the run's cascade: section")
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> SyntheticCascadeOptions:
+        if self.top_k is not None and self.informative_z is not None:
+            raise ValueError("set top_k or informative_z, not both")
+        return self
+
+    def pass_rule(self) -> Threshold | TopK | Informative:
+        """The proxy's rule: ``informative_z``, else ``top_k``, else ``pass_threshold``."""
+        if self.informative_z is not None:  # sigma's prior: the proxy's own noise against the truth
+            return Informative(noise=self.proxy_noise, z=self.informative_z)
+        if self.top_k is not None:
+            return TopK(k=self.top_k)
+        return Threshold(min_reward=self.pass_threshold)
 
 
 class SyntheticCascadeEnv(CascadeEnv):
@@ -79,7 +100,7 @@ class SyntheticCascadeEnv(CascadeEnv):
                     cost_unit=CostUnit.CPU_S,
                     cost=o.proxy_cost_cpu_s,
                     latency=Latency(median_s=o.proxy_latency_s, sigma=o.latency_sigma),
-                    pass_on=TopK(k=o.top_k) if o.top_k else Threshold(min_reward=o.pass_threshold),
+                    pass_on=o.pass_rule(),
                 ),
                 Stage(
                     name="truth",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
     from labrl.harness.models.config import MoEModelConfig
     from labrl.harness.samplers.sglang.sampler import SGLangSamplerConfig
 
+#: a cascade env's budget ledger in the run directory, unless ``cascade.ledger_path`` names another
+CASCADE_LEDGER_FILE = "cascade-ledger.sqlite"
 #: makes a fresh env of the run (``envs.make`` with the run's id, budgets and options)
 EnvFactory = Callable[[], "Env"]
 #: called with each warm-start record (``{"sft_step", "loss", "time_s"}``)
@@ -37,8 +40,13 @@ ShouldStop = Callable[[], bool]
 
 
 def make_env_factory(cfg: RunConfig) -> EnvFactory:
-    """The run's env factory; one env is made at once, so a bad id or option fails here, before anything is built."""
+    """The run's env factory; one env is made at once, so a bad id or option fails here, before anything is built.
+
+    A cascade env whose ``cascade.ledger_path`` is unset gets ``RUN_DIR/cascade-ledger.sqlite``: the
+    ledger lives with the run, so a resumed run (same ``run_dir``) finds what it already paid for.
+    """
     from labrl.envs import make
+    from labrl.envs.cascade import CascadeEnv
 
     budgets = cfg.env.budgets or None
     options = dict(cfg.env.options)
@@ -52,7 +60,10 @@ def make_env_factory(cfg: RunConfig) -> EnvFactory:
     def factory() -> Env:
         return make(cfg.env.id, budgets=budgets, **options)
 
-    factory()
+    inner = factory().unwrapped
+    if isinstance(inner, CascadeEnv) and inner.cascade.ledger_path is None:
+        ledger = str(Path(cfg.run_dir) / CASCADE_LEDGER_FILE)
+        options["cascade"] = inner.cascade.model_copy(update={"ledger_path": ledger}).model_dump(mode="json")
     return factory
 
 

@@ -22,9 +22,10 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from labrl.envs.base import Env
+from labrl.envs.cascade import GroupGate
 from labrl.harness.pipeline.errors_log import ErrorLog
 from labrl.harness.pipeline.stats import failure_rates
-from labrl.harness.rollout.play import rollout
+from labrl.harness.rollout.play import join_cascade_group, rollout
 from labrl.harness.tokenizer import Tokenizer
 from labrl.harness.types import Sampler, SamplingParams, Trajectory
 
@@ -64,6 +65,9 @@ def accuracy_by_label(results: list[Trajectory]) -> dict[str, dict[str, Any]] | 
 class EvalOnTestSplit:
     """Plays test tasks ``0 .. size-1`` at most ``concurrency`` at a time, one fresh env each.
 
+    A cascade env whose rule decides by the group plays each held-out episode as a group of one
+    (``TopK`` passes it on; ``Informative`` sees no advantage to flip and only audits).
+
     ``sampling``: the evaluation's own (its temperature and seed), not the training one.
     """
 
@@ -83,6 +87,7 @@ class EvalOnTestSplit:
         async def one(i: int) -> Trajectory:
             async with slots:
                 env = self.make_env()
+                join_cascade_group(env, GroupGate(1), 0)  # a held-out episode is a group of its own
                 try:
                     task = env.make_task("test", i)
                     return await rollout(

@@ -41,6 +41,10 @@ dropped them or they had no trainable episode (with it on or off), mean the
 batch cannot fill: the run stops with ``PipelineStalledError``, one line from
 ``stats.stall_message``, after writing its checkpoint.
 
+Cascade budgets (``cascade_budget``): for a cascade env, a group starts only while every stage's
+predicted spend stays within its budget; when none can start and none is in flight, the run stops
+with ``BudgetExhaustedError`` after writing its checkpoint.
+
 This module is the schedule; the per-step metrics live in ``stats``, the
 checkpoint files in ``checkpoint``, evaluation in ``evaluation`` and the
 weight hand-over in ``weight_sync``. A stall's summary travels on the error
@@ -58,7 +62,7 @@ from typing import Any
 
 from labrl.envs.base import Env
 from labrl.envs.types import Task
-from labrl.errors import LabrlError
+from labrl.errors import BudgetExhaustedError, LabrlError
 from labrl.harness.metrics import JsonlWriter, StepTimer
 from labrl.harness.pipeline.admission import (
     AdmissionState,
@@ -67,6 +71,7 @@ from labrl.harness.pipeline.admission import (
     trained_before_end,
 )
 from labrl.harness.pipeline.buffer import Group, GroupBuffer, constant_kind
+from labrl.harness.pipeline.cascade_budget import CascadeBudget
 from labrl.harness.pipeline.checkpoint import SUMMARY_FILE, read_checkpoint, write_checkpoint
 from labrl.harness.pipeline.config import PipelineSection
 from labrl.harness.pipeline.errors_log import ErrorLog
@@ -154,6 +159,8 @@ class Orchestrator:
         self.max_staleness = cfg.effective_max_staleness
         self.buffer = GroupBuffer(cfg.batch_groups, dynamic_sampling=cfg.dynamic_sampling)
         self._task_env = make_env()  # only for make_task (pure); never reset
+        # a cascade env's budgets: admission by predicted spend, and the step's cascade/ metrics
+        self.cascade_budget = CascadeBudget.of(self._task_env)
         # run state (checkpointed)
         self.step = 0
         self.next_group_index = 0
@@ -226,6 +233,8 @@ class Orchestrator:
         self.metrics.start()
         self._last_checkpoint_at = time.perf_counter()
         timer = StepTimer(self.step)
+        if self.cascade_budget is not None:  # a resumed run starts from what its ledger already paid
+            await self.cascade_budget.refresh()
         producer = asyncio.create_task(self._produce(), name="producer")
         try:
             if (
@@ -269,6 +278,11 @@ class Orchestrator:
                 target = self.save_checkpoint()
                 if stalled:
                     self._failure = self._stalled_with_checkpoint(self._failure, target)  # type: ignore[arg-type]
+                elif isinstance(self._failure, BudgetExhaustedError):
+                    self._failure = BudgetExhaustedError(
+                        f"{self._failure} (the run stopped at step {self.step} and wrote {target}; "
+                        "rerun the same command to resume)"
+                    )
             if self._trained_log is not None:
                 self._trained_log.close()
             if self.errors is not None:
@@ -314,6 +328,10 @@ class Orchestrator:
     def _can_start(self) -> bool:
         if self._inflight_episodes + self.cfg.group_size > self.cfg.max_concurrent_episodes:
             return False
+        if self.cascade_budget is not None and not self.cascade_budget.admits(
+            self._inflight_episodes, self.cfg.group_size
+        ):
+            return False
         state = self.admission_state()
         return may_start(
             state, self.cfg.batch_groups, self.keep_rate, self.max_staleness
@@ -321,10 +339,28 @@ class Orchestrator:
             state, self.cfg.batch_groups, self.keep_rate, self.step, self.cfg.total_steps
         )
 
+    def _budget_spent(self) -> bool:
+        """The run needs more groups, none is in flight, and the cascade budget admits none: nothing will change."""
+        if self.cascade_budget is None or self._inflight:
+            return False
+        wanted = trained_before_end(
+            self.admission_state(), self.cfg.batch_groups, self.keep_rate, self.step, self.cfg.total_steps
+        )
+        return wanted and not self.cascade_budget.admits(0, self.cfg.group_size)
+
     async def _produce(self) -> None:
         while True:
-            await self._wait_until(lambda: self._stopping or self._failure is not None or self._can_start())
+            await self._wait_until(
+                lambda: (
+                    self._stopping or self._failure is not None or self._can_start() or self._budget_spent()
+                )
+            )
             if self._stopping or self._failure is not None:
+                return
+            if self._budget_spent():
+                assert self.cascade_budget is not None
+                self._failure = self.cascade_budget.exhausted_error(self.cfg.group_size)
+                self._wake.set()
                 return
             if self.restart_queue:
                 index, seed = self.restart_queue.pop(0)
@@ -368,6 +404,9 @@ class Orchestrator:
             if self.traces is not None:
                 self.traces.group_finished(group, verdict, steps_done=self.step)
             self.metrics.record_episodes(processed)
+            if self.cascade_budget is not None:
+                self.cascade_budget.observe(processed)
+                await self.cascade_budget.refresh()
             if self.errors is not None:
                 self.errors.episodes(processed, step=self.step, phase="train")
             if verdict == "kept":
@@ -472,6 +511,9 @@ class Orchestrator:
                 learner_metrics=learner_metrics,
             )
             record["eta_s"] = timer.eta_s(self.step, self.cfg.total_steps)
+            if self.cascade_budget is not None:
+                await self.cascade_budget.refresh()
+                record.update(self.cascade_budget.step_metrics())
             if self.eval_history:
                 record["eval/accuracy"] = self.eval_history[-1]["accuracy"]
             if self.step_extras is not None:

@@ -22,7 +22,8 @@ result (the never-fed final token) is replaced when the next turn processes
 that token.
 
 Where the env labels its tasks (``Env.task_label``), ``Trajectory.info`` carries
-``task_label`` and ``answer_label`` (``episode_labels``) for per-class evaluation.
+``task_label`` and ``answer_label`` (``episode_labels``) for per-class evaluation; a cascade
+env's episode carries its ``CascadeRecord`` as ``cascade`` (every stage reached, its value and cost).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from labrl.envs.base import Env
+from labrl.envs.cascade import CascadeEnv, GroupGate
 from labrl.envs.episode import Episode, EpisodeTruncated, run_episode
 from labrl.envs.types import Message, Task, ToolSpec
 from labrl.harness.tokenizer import Tokenizer
@@ -177,7 +179,7 @@ async def rollout(
         num_turns=episode.num_turns,
         routed_experts_T_L_K=rec.routed,
         timings={"generation_s": rec.generation_s, "env_s": episode.timings["env_s"], "wall_s": wall},
-        info={**_error_info(episode), **episode_labels(env, episode)},
+        info={**_error_info(episode), **episode_labels(env, episode), **_cascade_info(episode)},
         timeline=EpisodeTimeline(
             generation_s=tuple(rec.turn_generation_s),
             generated_tokens=tuple(rec.turn_tokens),
@@ -194,6 +196,12 @@ def _error_info(episode: Episode) -> dict[str, str]:
     if episode.traceback:
         info["traceback"] = episode.traceback
     return info
+
+
+def _cascade_info(episode: Episode) -> dict[str, object]:
+    """A cascade env's ``CascadeRecord`` of the episode (``cascade``: what each stage scored and cost)."""
+    final_info = episode.turns[-1].result.info if episode.turns else {}
+    return {"cascade": final_info["cascade"]} if "cascade" in final_info else {}
 
 
 def episode_labels(env: Env, episode: Episode) -> dict[str, str]:
@@ -213,6 +221,13 @@ def episode_labels(env: Env, episode: Episode) -> dict[str, str]:
     return {"task_label": label, **({"answer_label": answer} if answer is not None else {})}
 
 
+def join_cascade_group(env: Env, gate: GroupGate, member: int) -> None:
+    """Join ``env`` to its group's ``gate`` as ``member`` where it is a cascade whose rules need the group."""
+    inner = env.unwrapped
+    if isinstance(inner, CascadeEnv) and inner.needs_group_gate:
+        inner.join_group(gate, member)
+
+
 async def rollout_group(
     make_env: Callable[[], Env],
     task: Task,
@@ -227,22 +242,29 @@ async def rollout_group(
     """``group_size`` concurrent rollouts of one task (one env instance each), sharing a group id.
 
     Seeded sampling gets seed ``seed + i`` for member ``i`` so the group's
-    members differ.
+    members differ. A cascade env whose rule decides by the group (``CascadeEnv.needs_group_gate``)
+    joins the group's shared ``GroupGate``; every member leaves it when its episode is over, however
+    it ended, so no member waits for one that will never report.
     """
+    gate = GroupGate(group_size)
 
     async def one(i: int) -> Trajectory:
         current_member.set(i)  # gather runs each member in its own task: the value stays in it
-        env = make_env()
         member = sampling
         if sampling.seed is not None:
             member = sampling.model_copy(update={"seed": sampling.seed + i})
         try:
-            return await rollout(
-                env, task, sampler, tokenizer, member,
-                group_id=task.task_id, return_routed_experts=return_routed_experts,
-                max_turns=max_turns, rid_prefix=f"g{i}:",
-            )  # fmt: skip
+            env = make_env()
+            join_cascade_group(env, gate, i)
+            try:
+                return await rollout(
+                    env, task, sampler, tokenizer, member,
+                    group_id=task.task_id, return_routed_experts=return_routed_experts,
+                    max_turns=max_turns, rid_prefix=f"g{i}:",
+                )  # fmt: skip
+            finally:
+                await env.close()
         finally:
-            await env.close()
+            gate.leave(i)
 
     return list(await asyncio.gather(*(one(i) for i in range(group_size))))
