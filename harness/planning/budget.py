@@ -9,17 +9,22 @@ A layout is the ``backend=ray`` overrides ``ray.learner_gpus``, ``ray.samplers``
           + env_workers x ray.cpus_per_env_worker <= M
 
 The choices: ``n`` GPUs in use, ``n`` a power of two or ``N``; of them the learner's in powers of
-two below ``n`` and ``n - 1``, the other GPUs one sampler each (``gpus_per_sampler = 1``), or all ``n``
-the learner's with CPU samplers in powers of two; env workers in powers of two when the env declares a pool (``budgets.pools``: at
-most ``min(pool)`` env calls per worker process, so env slots ``= min(max_concurrent_episodes,
+two below ``n`` and ``n - 1``, the other GPUs one sampler each (``gpus_per_sampler = 1``), or all
+``n`` the learner's with CPU samplers in powers of two. With ``sampler.kind=sglang`` the samplers
+are the config's servers (one per URL of ``sampler.sglang.urls``, ``launch_tp_size`` GPUs each;
+labrl does not place them, so their actors hold no GPU): only the learner's GPUs vary, from what
+the servers leave. Env workers in powers of two when the env declares a pool (``budgets.pools``:
+at most ``min(pool)`` env calls per worker process, so env slots ``= min(max_concurrent_episodes,
 env_workers x min(pool))``), else one (an env worker runs any number of calls at once and its CPU
-is not modelled); staleness bounds up to the config's (``pipeline`` mode); episode caps of 1, 2,
+is not modelled). Learner GPUs a multiple of ``TP x EP x PP`` (``parallel``: megatron-core's groups
+must divide them). Staleness bounds up to the config's (``pipeline`` mode); episode caps of 1, 2,
 4 and 8 batches. The machines come from ``priors.prior_machines``.
 
 Every layout's closed form (``model``) is computed; for each staleness bound the best by it (least
 resources first among equals) are simulated, ``simulate`` in all. Ranked: layouts whose simulated
 staleness p99 is within the config's bound first, then by simulated steps/s, rates within 2 % a tie
-(``rate_bucket``: ``floor(ln(steps/s) / ln 1.02)``), then fewer GPUs, fewer CPUs, fewer episodes at once, lower p99.
+(``rate_bucket``: ``floor(ln(steps/s) / ln 1.02)``), then fewer GPUs, fewer CPUs, fewer episodes at
+once, lower p99.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from labrl.harness.pipeline.config import MAX_CONCURRENT_EPISODES
 from labrl.harness.planning.figures import Figure
 from labrl.harness.planning.model import Layout, steady_state
 from labrl.harness.planning.plan import STALENESS_CHOICES, PlannedLayout, run_layout
-from labrl.harness.planning.priors import Hardware, prior_layout
+from labrl.harness.planning.priors import Hardware, prior_layout, sglang_servers
 from labrl.harness.planning.simulate import EpisodeModel
 
 BATCH_FACTORS = (1, 2, 4, 8)  # episode caps, x the episodes of one batch
@@ -98,7 +103,8 @@ class Candidate:
             "backend": "ray",
             "ray.learner_gpus": hw.learner_gpus,
             "ray.samplers": hw.samplers,
-            "ray.gpus_per_sampler": hw.gpus_per_sampler,
+            # an SGLang server's GPUs are its own, not its sampler actor's
+            "ray.gpus_per_sampler": 0 if cfg.sampler.kind == "sglang" else hw.gpus_per_sampler,
             "ray.env_workers": self.env_workers,
             "pipeline.max_concurrent_episodes": self.concurrency,
         }
@@ -107,8 +113,14 @@ class Candidate:
         return out
 
 
-def hardware_choices(budget: Budget, cpu_room: int) -> list[Hardware]:
-    """Learner GPUs and samplers within ``budget`` (module docstring); ``cpu_room`` CPUs for CPU samplers."""
+def hardware_choices(budget: Budget, cpu_room: int, sglang: tuple[int, int] | None = None) -> list[Hardware]:
+    """Learner GPUs and samplers within ``budget`` (module docstring); ``cpu_room`` CPUs for CPU samplers;
+    ``sglang``: the config's SGLang servers and GPUs each, fixed, the learner's GPUs what is left."""
+    if sglang is not None:
+        servers, tp = sglang
+        left = budget.gpus - servers * tp
+        learner = sorted(set(powers_of_two(left)) | ({left} if left > 0 else set()))
+        return [Hardware(g, servers, tp) for g in learner]
     cpu_samplers = powers_of_two(cpu_room)
     if budget.gpus == 0:
         return [Hardware(0, n, 0) for n in cpu_samplers]
@@ -122,11 +134,6 @@ def hardware_choices(budget: Budget, cpu_room: int) -> list[Hardware]:
 
 def candidates(cfg: RunConfig, budget: Budget, env_pool: int | None) -> list[Candidate]:
     """Every layout of the module docstring that fits ``budget``."""
-    if cfg.sampler.kind != "local":
-        raise ConfigError(
-            "--budget places local samplers as Ray actors; SGLang servers run outside labrl "
-            "(sampler.sglang.urls): plan them with --from-run, or with sampler.kind=local"
-        )
     p, r = cfg.pipeline, cfg.ray
     fixed = 1 + r.learner_cpus
     batch = p.group_size * p.batch_groups
@@ -137,7 +144,12 @@ def candidates(cfg: RunConfig, budget: Budget, env_pool: int | None) -> list[Can
         staleness = [p.effective_max_staleness]
     cpu_room = int((budget.cpus - fixed - r.cpus_per_env_worker) // max(r.cpus_per_sampler, 1e-9))
     out = []
-    for hw in hardware_choices(budget, cpu_room):
+    par = cfg.parallel
+    unit = par.tensor_parallel * par.expert_parallel * par.pipeline_parallel
+    choices = hardware_choices(
+        budget, cpu_room, sglang_servers(cfg) if cfg.sampler.kind == "sglang" else None
+    )
+    for hw in [h for h in choices if h.learner_gpus % unit == 0]:
         room = budget.cpus - fixed - hw.samplers * r.cpus_per_sampler
         workers = powers_of_two(int(room // max(r.cpus_per_env_worker, 1e-9))) if env_pool else [1]
         for w in workers:
@@ -145,6 +157,12 @@ def candidates(cfg: RunConfig, budget: Budget, env_pool: int | None) -> list[Can
             if hw.gpus > budget.gpus or cand_cpus > budget.cpus:
                 continue
             out += [Candidate(hw, w, s, c) for s in staleness for c in concurrency]
+    if not out and cfg.sampler.kind == "sglang":
+        servers, tp = sglang_servers(cfg)
+        raise ConfigError(
+            f"no layout fits gpus={budget.gpus},cpus={budget.cpus}: the config's {servers} SGLang server(s) of "
+            f"{tp} GPU(s) (sampler.sglang.urls, launch_tp_size) leave no GPU for the learner, or too few CPUs"
+        )
     if not out:
         raise ConfigError(
             f"no layout fits gpus={budget.gpus},cpus={budget.cpus}: a Ray run needs at least "

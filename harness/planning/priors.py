@@ -16,8 +16,9 @@ and each figure moved to ``P`` (``Figure.for_model``):
   ``max_sequence_length`` (rows padded to the context: an upper bound), the per-GPU rate times the
   GPUs (data parallel, assumed linear), or the CPU figure without GPUs;
 - sampler ``R = samplers x`` one sampler's tokens/s (local: the local sampler's GPU or CPU figure;
-  SGLang: its per-GPU figure), over ``samplers x`` slots (local: ``sampler.local.max_batch_size``;
-  SGLang: the slots-per-GPU figure);
+  SGLang: one server per URL of ``sampler.sglang.urls``, each ``launch_tp_size`` GPUs at the per-GPU
+  figure), over ``samplers x`` slots (local: ``sampler.local.max_batch_size``; SGLang: the
+  slots-per-GPU figure times its GPUs);
 - the driver's CPU seconds per episode.
 """
 
@@ -87,8 +88,6 @@ def learner_figure(figures: dict[str, Figure], hw: Hardware) -> Figure:
 
 def sampler_figure(cfg: RunConfig, figures: dict[str, Figure], hw: Hardware) -> Figure:
     if cfg.sampler.kind == "sglang":
-        if not hw.gpus_per_sampler:
-            raise ConfigError("an SGLang sampler needs a GPU: ray.gpus_per_sampler >= 1")
         return figures["sglang_tokens_per_s_gpu"]
     return figures[
         "local_sampler_tokens_per_s_gpu" if hw.gpus_per_sampler else "local_sampler_tokens_per_s_cpu"
@@ -101,14 +100,16 @@ def prior_machines(cfg: RunConfig, figures: dict[str, Figure], hw: Hardware) -> 
     params = model.active_matmul_parameter_count
     p = cfg.pipeline
     learner_tokens_per_s = max(1, hw.learner_gpus) * learner_figure(figures, hw).for_model(params)
+    sglang = cfg.sampler.kind == "sglang"
     per_sampler_slots = (
-        int(figures["sglang_slots_per_gpu"].value)
-        if cfg.sampler.kind == "sglang"
+        int(figures["sglang_slots_per_gpu"].value) * hw.gpus_per_sampler
+        if sglang
         else cfg.sampler.local.max_batch_size
     )
+    per_sampler = sampler_figure(cfg, figures, hw).for_model(params) * (hw.gpus_per_sampler if sglang else 1)
     return PriorMachines(
         learner_step_s=p.batch_groups * p.group_size * model.max_sequence_length / learner_tokens_per_s,
-        sampler_tokens_per_s=hw.samplers * sampler_figure(cfg, figures, hw).for_model(params),
+        sampler_tokens_per_s=hw.samplers * per_sampler,
         kv_slots=hw.samplers * per_sampler_slots,
         driver_s_per_episode=figures["driver_s_per_episode"].value,
     )
@@ -147,9 +148,19 @@ def describe(
     return lines
 
 
+def sglang_servers(cfg: RunConfig) -> tuple[int, int]:
+    """The SGLang servers the config names and the GPUs of each: ``len(urls)``, ``launch_tp_size``."""
+    sg = cfg.sampler.sglang
+    return len(sg.urls), sg.launch_tp_size
+
+
 def config_hardware(cfg: RunConfig) -> Hardware:
     """What the config runs on: ``ray.learner_gpus`` and ``ray.samplers`` (on GPU when ``ray.gpus_per_sampler``
-    > 0) under Ray; in-process, one learner and one sampler on ``learner.device`` (``auto``: this machine's)."""
+    > 0) under Ray; in-process, one learner and one sampler on ``learner.device`` (``auto``: this machine's);
+    with SGLang, its servers (``sglang_servers``)."""
+    if cfg.sampler.kind == "sglang":
+        learner = cfg.ray.learner_gpus if cfg.backend == "ray" else 1
+        return Hardware(learner, *sglang_servers(cfg))
     if cfg.backend == "ray":
         r = cfg.ray
         return Hardware(r.learner_gpus, r.samplers, 1 if r.gpus_per_sampler > 0 else 0)

@@ -227,13 +227,30 @@ def test_an_env_pool_makes_env_workers_a_knob():
     assert 0.95 <= top.simulated.steps_per_s <= 1.0 + 1e-9
 
 
-def test_the_budget_search_refuses_sglang_and_too_few_cpus():
-    cfg = load_run_config(CONFIG)
+def test_too_few_cpus_is_a_config_error():
     with pytest.raises(ConfigError, match="at least 4 CPUs"):
-        search(cfg, Budget(gpus=1, cpus=3), EPISODE, Budgets(), DEFAULTS)
-    sglang = load_run_config(CONFIG, ["sampler.kind=sglang", "sampler.sglang.urls=[http://127.0.0.1:1]"])
-    with pytest.raises(ConfigError, match="SGLang"):
-        search(sglang, Budget(gpus=2, cpus=8), EPISODE, Budgets(), DEFAULTS)
+        search(load_run_config(CONFIG), Budget(gpus=1, cpus=3), EPISODE, Budgets(), DEFAULTS)
+
+
+SGLANG = [
+    "sampler.kind=sglang",
+    "sampler.sglang.urls=[http://a:1, http://b:1]",
+    "sampler.sglang.launch_tp_size=2",
+]
+
+
+def test_sglang_servers_are_fixed_and_the_learner_gets_what_they_leave():
+    # two servers of 2 GPUs each take 4 of 8 GPUs; the learner's GPUs are a multiple of TP x EP = 2
+    cfg = load_run_config(CONFIG, [*SGLANG, "parallel.tensor_parallel=2"])
+    rows = search(cfg, Budget(gpus=8, cpus=8), EPISODE, Budgets(), DEFAULTS, simulate=8, steps=20)
+    assert {r.overrides["ray.learner_gpus"] for r in rows} <= {2, 4}
+    for r in rows:
+        assert (r.overrides["ray.samplers"], r.overrides["ray.gpus_per_sampler"]) == (2, 0)
+        assert r.layout.kv_slots == 2 * 2 * int(DEFAULTS["sglang_slots_per_gpu"].value)
+        assert r.layout.sampler_tokens_per_s == 4 * DEFAULTS["sglang_tokens_per_s_gpu"].value
+        load_run_config(CONFIG, [*SGLANG, "parallel.tensor_parallel=2", *r.override_args])
+    with pytest.raises(ConfigError, match="SGLang server"):
+        search(cfg, Budget(gpus=4, cpus=8), EPISODE, Budgets(), DEFAULTS)
 
 
 # -- the command -----------------------------------------------------------------------------
