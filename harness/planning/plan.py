@@ -1,18 +1,20 @@
-"""``labrl plan``: simulate a handful of layouts of a run config, calibrated from a run, and rank them.
+"""``labrl plan``: simulate a handful of layouts of a run config and rank them.
 
 The layouts are the run config with other values of the keys ``labrl train`` accepts as
 overrides: ``pipeline.max_staleness`` (``pipeline`` mode only: ``sync`` and
 ``one_step_off`` fix it) and ``pipeline.max_concurrent_episodes``. Each is simulated
 (``simulate``) for ``steps`` learner steps at its closed-form rate (``model``); the table
-lists them by simulated steps/s with the closed form beside it, the learner's idle
-fraction, the staleness p50 / p99, the component that binds first, and flags a layout
-whose staleness p99 exceeds the config's bound (``effective_max_staleness``).
+lists them by simulated steps/s with the closed form beside it, the idle fractions of the
+learner, the sampler and the env slots, the staleness p50 / p99, the component that binds
+first, and flags a layout whose staleness p99 exceeds the config's bound
+(``effective_max_staleness``).
 
-The machine side comes from the calibrating run (``calibrate``): the learner's seconds per
+The machine side comes from a calibrating run (``calibrate``: the learner's seconds per
 step, the sampler's tokens/s ``R`` and per-sequence rate ``r``; the sampler's slots are
-``R / r``, capped by ``sampler.local.max_batch_size`` for the local sampler. Env calls run
-as the harness runs them: one per open episode, so env slots are the layout's
-``max_concurrent_episodes``.
+``R / r``, capped by ``sampler.local.max_batch_size`` for the local sampler), or without one
+from ``priors`` (``base``, the config's own layout). Env calls run as the harness runs them:
+one per open episode, so env slots are the layout's ``max_concurrent_episodes``, at most
+``env_slot_cap`` (the env's pool) when given. ``budget`` searches Ray layouts instead.
 """
 
 from __future__ import annotations
@@ -171,7 +173,7 @@ def format_plan(rows: list[PlannedLayout], header: list[str], *, bound: int, top
         idle = {k: 1.0 - v for k, v in sim.utilisation.items()}
         uses = f"  [{r.resources}]" if r.resources else ""
         lines.append(
-            f"{mark:2}{sim.steps_per_s:9.4f} {r.closed.steps_per_s:9.4f} {idle['learner']:13.2f} "
+            f"{mark:2}{sim.steps_per_s:9.4g} {r.closed.steps_per_s:9.4g} {idle['learner']:13.2f} "
             f"{idle['sampler']:7.2f} {idle['env']:5.2f} "
             f"{sim.staleness_p50:8g}/{sim.staleness_p99:<8g}  {r.closed.binding:<24} "
             + " ".join(r.override_args)
