@@ -20,8 +20,8 @@ is not modelled). Learner GPUs a multiple of ``TP x EP x PP`` (``parallel``: meg
 must divide them). Staleness bounds up to the config's (``pipeline`` mode); episode caps of 1, 2,
 4 and 8 batches. The machines come from ``priors.prior_machines``.
 
-Every layout's closed form (``model``) is computed; for each staleness bound the best by it (least
-resources first among equals) are simulated, ``simulate`` in all. Ranked: layouts whose simulated
+Every layout's closed form (``model``) is computed; for each pair of staleness bound and episode cap
+the best by it (least resources first among equals) are simulated, ``simulate`` in all. Ranked: layouts whose simulated
 staleness p99 is within the config's bound first, then by simulated steps/s, rates within 2 % a tie
 (``rate_bucket``: ``floor(ln(steps/s) / ln 1.02)``), then fewer GPUs, fewer CPUs, fewer episodes at
 once, lower p99.
@@ -194,7 +194,7 @@ def search(
     budgets: Budgets,
     figures: dict[str, Figure],
     *,
-    simulate: int = 12,
+    simulate: int = 24,
     steps: int = 100,
     seed: int = 0,
 ) -> list[PlannedLayout]:
@@ -207,9 +207,13 @@ def search(
         lay = layout_for(cfg, cand, figures, pool)
         scored.append((cand, lay, steady_state(workload, lay)))
     scored.sort(key=lambda t: (-rate_bucket(t[2].steps_per_s), t[0].hardware.gpus, t[0].cpus(cfg)))
-    bounds = sorted({c.staleness for c, _, _ in scored})
-    per_bound = -(-simulate // len(bounds))
-    chosen = [t for s in bounds for t in [t for t in scored if t[0].staleness == s][:per_bound]]
+    # the closed form ties layouts that admission or the episode cap bind whatever their machines, and
+    # the simulator tells them apart: so each pair of knobs gets its best few, not the overall best
+    knobs = sorted({(c.staleness, c.concurrency) for c, _, _ in scored})
+    per_knobs = -(-simulate // len(knobs))
+    chosen = [
+        t for k in knobs for t in [t for t in scored if (t[0].staleness, t[0].concurrency) == k][:per_knobs]
+    ]
     ranked = []
     for cand, lay, _ in chosen:
         closed, result = run_layout(cfg, episode, lay, steps=steps, seed=seed)

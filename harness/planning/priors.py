@@ -139,12 +139,7 @@ def describe(
     if not env_given:
         lines.append(f"  env step: {figures['env_step_median_s'].source}")
     lines.append(f"  keep rate: {figures['keep_rate'].source}")
-    for f in used:
-        moved = (
-            f" (x {f.active_params / params:.3g} for {params:,} active parameters)" if f.active_params else ""
-        )
-        kind = "recorded" if f.recorded else "default"
-        lines.append(f"  {f.value:,.4g} {f.unit}{moved}: {kind}, {f.source}")
+    lines += [figure_line(f, params) for f in used]
     return lines
 
 
@@ -152,6 +147,26 @@ def sglang_servers(cfg: RunConfig) -> tuple[int, int]:
     """The SGLang servers the config names and the GPUs of each: ``len(urls)``, ``launch_tp_size``."""
     sg = cfg.sampler.sglang
     return len(sg.urls), sg.launch_tp_size
+
+
+def figure_line(f: Figure, params: int) -> str:
+    """One figure, how it moves to a model of ``params`` active parameters, and where it comes from."""
+    moved = (
+        f" on {f.active_params:,} active parameters, x {f.active_params / params:.3g} for this model's {params:,}"
+        if f.active_params
+        else ""
+    )
+    return f"  {f.value:,.4g} {f.unit}{moved}: {'recorded' if f.recorded else 'default'}, {f.source}"
+
+
+def search_figure_keys(cfg: RunConfig) -> list[str]:
+    """The figures a ``--budget`` search may use for ``cfg``: learner on GPU or CPU, its samplers, the driver."""
+    samplers = (
+        ["sglang_tokens_per_s_gpu", "sglang_slots_per_gpu"]
+        if cfg.sampler.kind == "sglang"
+        else ["local_sampler_tokens_per_s_gpu", "local_sampler_tokens_per_s_cpu"]
+    )
+    return ["learner_tokens_per_s_gpu", "learner_tokens_per_s_cpu", *samplers, "driver_s_per_episode"]
 
 
 def config_hardware(cfg: RunConfig) -> Hardware:

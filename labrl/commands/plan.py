@@ -57,7 +57,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from labrl.harness.planning.calibrate import calibrate_run
     from labrl.harness.planning.figures import load_figures
     from labrl.harness.planning.plan import format_plan, kv_slots, layout_of, machines_line, plan, run_header
-    from labrl.harness.planning.priors import config_hardware, describe, prior_episode, prior_layout
+    from labrl.harness.planning.priors import (
+        config_hardware,
+        describe,
+        figure_line,
+        prior_episode,
+        prior_layout,
+        search_figure_keys,
+    )
 
     if args.steps < 2 or args.top < 1:
         raise ConfigError(f"--steps must be >= 2 and --top >= 1 (got {args.steps}, {args.top})")
@@ -90,10 +97,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         workers = cfg.ray.env_workers if cfg.backend == "ray" else 1
         env_slot_cap = None if pool is None else workers * pool
     if budget is not None:
+        params = cfg.model.resolve().active_matmul_parameter_count
         header.append(
-            f"budget: {budget.gpus} GPUs, {budget.cpus} CPUs; backend=ray layouts, machines from the figures "
-            "above (docs/planning.md)"
+            f"budget: {budget.gpus} GPUs, {budget.cpus} CPUs; backend=ray layouts on these figures (docs/planning.md):"
         )
+        header += [figure_line(figures[k], params) for k in search_figure_keys(cfg)]
         rows = search(cfg, budget, episode, env_budgets, figures, steps=args.steps, seed=args.seed)
     else:
         rows = plan(cfg, episode, base, env_slot_cap=env_slot_cap, steps=args.steps, seed=args.seed)

@@ -306,5 +306,14 @@ def test_labrl_plan_budget_prints_overrides_and_writes_the_plot(capsys, tmp_path
         overrides = [w for w in line.split() if "=" in w and not w.startswith("[")]
         load_run_config(CONFIG, overrides)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the search's figures, GPU ones included, are listed with their sources
+    assert any("recorded, gpu_h100_2026-11-26/gpu_learner.json: labrl" in line for line in out)
+    assert any("recorded, ray_scaling.json: driver CPU" in line for line in out)
     assert main(["plan", str(CONFIG), "--budget", "gpus=two"]) != 0
     assert "--budget 'gpus=two'" in capsys.readouterr().err
+
+
+def test_env_latency_options_without_a_run_only(capsys):
+    run = Path(__file__).parent / "fixtures" / "run"
+    assert main(["plan", str(CONFIG), "--from-run", str(run), "--env-step-s", "2"]) != 0
+    assert "--from-run measures it" in capsys.readouterr().err
