@@ -171,7 +171,8 @@ def search_figure_keys(cfg: RunConfig) -> list[str]:
 
 def config_hardware(cfg: RunConfig) -> Hardware:
     """What the config runs on: ``ray.learner_gpus`` and ``ray.samplers`` (on GPU when ``ray.gpus_per_sampler``
-    > 0) under Ray; in-process, one learner and one sampler on ``learner.device`` (``auto``: this machine's);
+    > 0) under Ray; in-process, one learner and one sampler on ``learner.device`` (``auto``: this machine's;
+    they share it, and the model gives each its full rate: optimistic);
     with SGLang, its servers (``sglang_servers``)."""
     if cfg.sampler.kind == "sglang":
         learner = cfg.ray.learner_gpus if cfg.backend == "ray" else 1

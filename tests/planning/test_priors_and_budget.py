@@ -15,6 +15,7 @@ from labrl.cli import main
 from labrl.envs.types import Budgets
 from labrl.errors import ConfigError
 from labrl.harness.config import load_run_config
+from labrl.harness.models.config import MoEModelConfig, get_preset
 from labrl.harness.planning.budget import Budget, parse_budget, rate_bucket, search
 from labrl.harness.planning.draws import Constant, LogNormal
 from labrl.harness.planning.figures import DEFAULTS, RESULTS_DIR, Figure, load_figures
@@ -317,3 +318,38 @@ def test_env_latency_options_without_a_run_only(capsys):
     run = Path(__file__).parent / "fixtures" / "run"
     assert main(["plan", str(CONFIG), "--from-run", str(run), "--env-step-s", "2"]) != 0
     assert "--from-run measures it" in capsys.readouterr().err
+
+
+def test_active_matmul_parameters_match_the_recorded_shapes():
+    # the shapes of benchmarks/gpu_learner.py, whose results recorded their counts
+    recorded = json.loads((RESULTS_DIR / "gpu_h100_2026-11-26" / "gpu_learner.json").read_text())["gpu"][
+        "shapes"
+    ]
+    quickstart = get_preset("tiny-moe").model_copy(
+        update={
+            "num_layers": 2,
+            "hidden_size": 96,
+            "ffn_hidden_size": 192,
+            "num_experts": 4,
+            "moe_ffn_hidden_size": 192,
+        }
+    )
+    big = MoEModelConfig(
+        name="moe-64x-top8-h2048", num_layers=4, hidden_size=2048, num_attention_heads=16, ffn_hidden_size=8192,
+        num_experts=64, moe_router_topk=8, moe_ffn_hidden_size=1024, vocab_size=32000, max_sequence_length=4096,
+    )  # fmt: skip
+    assert quickstart.active_matmul_parameter_count == recorded["tiny-moe"]["active_matmul_params"] == 321_024
+    assert big.active_matmul_parameter_count == recorded["moe-64x-top8-h2048"]["active_matmul_params"]
+
+
+def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch, tmp_path):
+    import sys
+
+    from labrl.harness.planning.plot import plot_layout
+
+    cfg = load_run_config(CONFIG)
+    figures = hand_figures(learner_step_s=0.01, ctx=cfg.model.resolve().max_sequence_length, batch=4)
+    row = search(cfg, Budget(gpus=2, cpus=4), EPISODE, Budgets(), figures, simulate=1, steps=20)[0]
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    with pytest.raises(ConfigError, match="pip install matplotlib"):
+        plot_layout(row, tmp_path / "p.png", bound=2)
