@@ -105,15 +105,8 @@ ENVS = {
 
 
 def active_matmul_params(cfg: MoEModelConfig) -> int:
-    """Parameters each token multiplies through: attention, top-k experts, output layer (not the embedding)."""
-    H = cfg.hidden_size
-    d = cfg.kv_channels or H // cfg.num_attention_heads
-    groups = cfg.num_query_groups or cfg.num_attention_heads
-    attn = H * d * (cfg.num_attention_heads + 2 * groups) + cfg.num_attention_heads * d * H
-    moe = cfg.moe_router_topk * 3 * H * cfg.moe_ffn_hidden_size + H * cfg.num_experts
-    dense = 3 * H * cfg.ffn_hidden_size
-    layers = sum(attn + (moe if i in cfg.moe_layer_indices else dense) for i in range(cfg.num_layers))
-    return layers + H * cfg.vocab_size
+    """Parameters each token multiplies through (``MoEModelConfig.active_matmul_parameter_count``)."""
+    return cfg.active_matmul_parameter_count
 
 
 def train_flops_per_token(cfg: MoEModelConfig, T: int) -> float:

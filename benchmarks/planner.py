@@ -23,6 +23,7 @@ benchmarks/results/planner/ (a session's background jobs die at its end):
 
     .venv/bin/python benchmarks/planner.py --run reference     # then s1_c64, s2_c32, sync, ...
     .venv/bin/python benchmarks/planner.py --merge             # the table; results/planner.json
+    .venv/bin/python benchmarks/planner.py --project           # the paper projection (planner_projection.py)
 
 ``--run NAME`` trains layout NAME into benchmarks/results/planner/NAME/ (its ``metrics.jsonl``
 and ``episodes.jsonl`` only) and writes NAME.json there: the run config, wall seconds and
@@ -265,6 +266,9 @@ async def main() -> None:
     what = ap.add_mutually_exclusive_group(required=True)
     what.add_argument("--run", choices=list(LAYOUTS), metavar="LAYOUT", help=f"one of {', '.join(LAYOUTS)}")
     what.add_argument("--merge", action="store_true", help="compare the layouts run so far")
+    what.add_argument(
+        "--project", action="store_true", help="the paper projection (planner_projection.py), on paper only"
+    )
     ap.add_argument("--steps", type=int, default=30, help="learner steps per real run")
     ap.add_argument("--latency-p50", type=float, default=0.2)
     ap.add_argument("--max-staleness", type=int, default=4)  # pipeline.config's; each layout sets its own
@@ -272,6 +276,11 @@ async def main() -> None:
     ap.add_argument("--sim-steps", type=int, default=300, help="learner steps simulated per prediction")
     ap.add_argument("--out", default=str(RESULTS / "planner.json"))
     args = parse_with_threads(ap, default=1)
+    if args.project:
+        from planner_projection import project  # beside this script
+
+        project(steps=args.sim_steps, seed=args.seed, out=RESULTS / "planner_projection.json")
+        return
     PARTS.mkdir(parents=True, exist_ok=True)
     if args.run:
         await run_layout(args.run, args)

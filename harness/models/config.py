@@ -129,6 +129,24 @@ class MoEModelConfig(BaseModel):
         embeddings = self.vocab_size * h * (1 if self.tie_embeddings else 2)
         return self.num_layers * (attention + norms) + mlps + embeddings + h
 
+    @property
+    def active_matmul_parameter_count(self) -> int:
+        """Parameters each token multiplies through: attention, the top-k experts and router, the
+        output layer (not the embedding); ``6 x`` this is a token's training FLOPs besides attention::
+
+            attention = hidden * head * (heads + 2 * groups) + heads * head * hidden   (Q, K, V; O)
+            MoE layer = topk * 3 * hidden * moe_ffn + hidden * experts;  dense layer = 3 * hidden * ffn
+            total     = sum over layers (attention + MLP) + hidden * vocab
+        """
+        h = self.hidden_size
+        head = self.kv_channels or h // self.num_attention_heads
+        groups = self.num_query_groups or self.num_attention_heads
+        attention = h * head * (self.num_attention_heads + 2 * groups) + self.num_attention_heads * head * h
+        moe = self.moe_router_topk * 3 * h * self.moe_ffn_hidden_size + h * self.num_experts
+        dense = 3 * h * self.ffn_hidden_size
+        mlps = self.num_moe_layers * moe + (self.num_layers - self.num_moe_layers) * dense
+        return self.num_layers * attention + mlps + h * self.vocab_size
+
     def transformer_config(
         self,
         parallel: ParallelConfig,

@@ -47,13 +47,7 @@ class EpisodeCalibration:
 
     def workload(self) -> Workload:
         """The means the closed form takes; an episode makes ``turns + 1`` env calls (the reset)."""
-        e = self.episode
-        return Workload(
-            turns=e.turns.mean,
-            tokens_per_turn=e.tokens_per_turn.mean,
-            env_s_per_episode=(e.turns.mean + 1) * e.env_s.mean,
-            keep_rate=e.keep_rate,
-        )
+        return self.episode.workload()
 
 
 @dataclass(frozen=True)

@@ -44,17 +44,33 @@ class Exponential:
 
 @dataclass(frozen=True)
 class LogNormal:
-    """``median x exp(sigma Z)``; mean ``median x exp(sigma^2 / 2)``; p99 / p50 ``= exp(2.326 sigma)``."""
+    """``min(cap, median x exp(sigma Z))``; p99 / p50 ``= exp(2.326 sigma)`` below the cap.
+
+    Mean, with ``mu = ln median`` and ``Phi`` the standard normal CDF: uncapped
+    ``median x exp(sigma^2 / 2)``; capped (a step timeout ends the call at ``cap``)
+    ``median x exp(sigma^2 / 2) x Phi((ln cap - mu - sigma^2) / sigma) + cap x (1 - Phi((ln cap - mu) / sigma))``.
+    """
 
     median: float
     sigma: float
+    cap: float = math.inf
 
     @property
     def mean(self) -> float:
-        return self.median * math.exp(self.sigma**2 / 2)
+        uncapped = self.median * math.exp(self.sigma**2 / 2)
+        if math.isinf(self.cap):
+            return uncapped
+        if self.sigma == 0:
+            return min(self.median, self.cap)
+        z = (math.log(self.cap) - math.log(self.median)) / self.sigma
+        return uncapped * _normal_cdf(z - self.sigma) + self.cap * (1 - _normal_cdf(z))
 
     def sample(self, rng: random.Random) -> float:
-        return self.median * math.exp(self.sigma * rng.gauss(0.0, 1.0))
+        return min(self.cap, self.median * math.exp(self.sigma * rng.gauss(0.0, 1.0)))
+
+
+def _normal_cdf(z: float) -> float:
+    return 0.5 * (1 + math.erf(z / math.sqrt(2)))
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,14 @@ the ceilings on the episode rate ``X`` (episodes started per second) are
                   (at most kv_slots sequences decode at once, each at r = R / kv_slots)
     env workers:  X_E = env_slots / e           (at most env_slots env calls at once)
     in flight:    X_N = N / T                   (Little's law, N episodes open at once)
+    driver:       X_D = 1 / c                   (the orchestrator's CPU seconds c per episode, when given)
 
     N = G floor(min(max_concurrent_episodes, G n_adm) / G)
 
 with ``n_adm`` the groups admission lets run at once (``admission_inflight_groups``; a
 group's episodes start together, so ``N`` counts whole groups). The steady state is
 
-    X = min(X_L, X_S, X_E, X_N),   steps/s = p X / (B G)
+    X = min(X_L, X_S, X_E, X_N, X_D),   steps/s = p X / (B G)
 
 and the component whose ceiling is least *binds first* (``N``'s ceiling is named
 ``admission`` or ``max_concurrent_episodes``, whichever is smaller). Invariants (tested):
@@ -66,7 +67,7 @@ from labrl.harness.pipeline.admission import kept_upper, pessimistic_keep_rate
 from labrl.harness.pipeline.buffer import KEEP_WINDOW
 
 #: the components whose ceiling may bind, as ``SteadyState.binding`` names them
-BINDINGS = ("learner", "sampler", "env_workers", "admission", "max_concurrent_episodes")
+BINDINGS = ("learner", "sampler", "env_workers", "admission", "max_concurrent_episodes", "driver")
 
 
 @dataclass(frozen=True)
@@ -101,9 +102,12 @@ class Layout:
     group_size: int  # G
     max_staleness: int  # S (the effective bound: sync 0, one_step_off 1)
     max_concurrent_episodes: int
+    # c: the driver's CPU seconds per finished episode (collate, buffer, metrics; one process);
+    # 0 leaves the driver out
+    driver_s_per_episode: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.sampler_tokens_per_s <= 0 or self.learner_step_s <= 0:
+        if self.sampler_tokens_per_s <= 0 or self.learner_step_s <= 0 or self.driver_s_per_episode < 0:
             raise ConfigError(f"rates and step times must be positive (got {self})")
         if (
             min(
@@ -199,6 +203,8 @@ def steady_state(workload: Workload, layout: Layout) -> SteadyState:
         "env_workers": lay.env_slots / w.env_s_per_episode if w.env_s_per_episode > 0 else math.inf,
         cap_name: N / T,
     }
+    if lay.driver_s_per_episode > 0:
+        ceilings["driver"] = 1.0 / lay.driver_s_per_episode
     binding = min(ceilings, key=lambda k: ceilings[k])
     X = ceilings[binding]
     if lay.max_staleness == 0:  # sync: generate a batch, then train it; the two never overlap

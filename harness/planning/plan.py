@@ -1,29 +1,32 @@
-"""``labrl plan``: simulate a handful of layouts of a run config, calibrated from a run, and rank them.
+"""``labrl plan``: simulate a handful of layouts of a run config and rank them.
 
 The layouts are the run config with other values of the keys ``labrl train`` accepts as
 overrides: ``pipeline.max_staleness`` (``pipeline`` mode only: ``sync`` and
 ``one_step_off`` fix it) and ``pipeline.max_concurrent_episodes``. Each is simulated
 (``simulate``) for ``steps`` learner steps at its closed-form rate (``model``); the table
-lists them by simulated steps/s with the closed form beside it, the learner's idle
-fraction, the staleness p50 / p99, the component that binds first, and flags a layout
-whose staleness p99 exceeds the config's bound (``effective_max_staleness``).
+lists them by simulated steps/s with the closed form beside it, the idle fractions of the
+learner, the sampler and the env slots, the staleness p50 / p99, the component that binds
+first, and flags a layout whose staleness p99 exceeds the config's bound
+(``effective_max_staleness``).
 
-The machine side comes from the calibrating run (``calibrate``): the learner's seconds per
+The machine side comes from a calibrating run (``calibrate``: the learner's seconds per
 step, the sampler's tokens/s ``R`` and per-sequence rate ``r``; the sampler's slots are
-``R / r``, capped by ``sampler.local.max_batch_size`` for the local sampler. Env calls run
-as the harness runs them: one per open episode, so env slots are the layout's
-``max_concurrent_episodes``.
+``R / r``, capped by ``sampler.local.max_batch_size`` for the local sampler), or without one
+from ``priors`` (``base``, the config's own layout). Env calls run as the harness runs them:
+one per open episode, so env slots are the layout's ``max_concurrent_episodes``, at most
+``env_slot_cap`` (the env's pool) when given. ``budget`` searches Ray layouts instead.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from labrl.harness.config import RunConfig
 from labrl.harness.pipeline.config import MAX_CONCURRENT_EPISODES
 from labrl.harness.planning.calibrate import EpisodeCalibration, MachineCalibration
 from labrl.harness.planning.model import Layout, SteadyState, steady_state
-from labrl.harness.planning.simulate import SimResult, simulate
+from labrl.harness.planning.simulate import EpisodeModel, SimResult, simulate
 
 STALENESS_CHOICES = (1, 2, 4, 8)
 CONCURRENCY_FACTORS = (1, 2, 4)  # x the episodes of one batch, G x B
@@ -31,12 +34,18 @@ CONCURRENCY_FACTORS = (1, 2, 4)  # x the episodes of one batch, G x B
 
 @dataclass(frozen=True)
 class PlannedLayout:
-    overrides: dict[str, int]
+    overrides: dict[str, Any]
     layout: Layout
     closed: SteadyState
     simulated: SimResult
     is_config: bool  # the layout the config already selects
     over_bound: bool  # staleness p99 above the config's bound
+    resources: str = ""  # what it uses of a --budget (GPUs, CPUs)
+
+    @property
+    def override_args(self) -> list[str]:
+        """The overrides as ``labrl train CONFIG`` takes them (``key=value``)."""
+        return [f"{k}={v}" for k, v in self.overrides.items()]
 
 
 def kv_slots(cfg: RunConfig, machines: MachineCalibration, episodes: EpisodeCalibration) -> int:
@@ -59,6 +68,13 @@ def layout_of(
         max_staleness=staleness,
         max_concurrent_episodes=concurrency,
     )
+
+
+def with_knobs(base: Layout, *, staleness: int, concurrency: int, env_slot_cap: int | None) -> Layout:
+    """``base`` with another staleness bound and episode cap; env calls run one per open episode, at most
+    ``env_slot_cap`` at once (an env's pool, ``budgets.pools``) when given."""
+    env_slots = concurrency if env_slot_cap is None else min(concurrency, env_slot_cap)
+    return replace(base, max_staleness=staleness, max_concurrent_episodes=concurrency, env_slots=env_slots)
 
 
 def candidate_overrides(cfg: RunConfig) -> list[dict[str, int]]:
@@ -86,62 +102,82 @@ def candidate_overrides(cfg: RunConfig) -> list[dict[str, int]]:
     return rows
 
 
+def run_layout(
+    cfg: RunConfig, episode: EpisodeModel, lay: Layout, *, steps: int, seed: int
+) -> tuple[SteadyState, SimResult]:
+    """The closed form of ``lay`` and its simulation for ``steps`` learner steps at the closed-form rate."""
+    closed = steady_state(episode.workload(), lay)
+    result = simulate(episode, lay, seconds=steps / closed.steps_per_s, mode=cfg.pipeline.mode, seed=seed)
+    return closed, result
+
+
 def plan(
     cfg: RunConfig,
-    episodes: EpisodeCalibration,
-    machines: MachineCalibration,
+    episode: EpisodeModel,
+    base: Layout,
     *,
+    env_slot_cap: int | None = None,
     steps: int = 200,
     seed: int = 0,
 ) -> list[PlannedLayout]:
-    """Every candidate layout, simulated for ``steps`` learner steps; fastest first (module docstring)."""
-    slots = kv_slots(cfg, machines, episodes)
+    """Every candidate layout (``base`` with each candidate's knobs), simulated for ``steps`` learner steps;
+    fastest first (module docstring)."""
     bound = cfg.pipeline.effective_max_staleness
-    workload = episodes.workload()
     out = []
     for i, overrides in enumerate(candidate_overrides(cfg)):
-        staleness = overrides.get("pipeline.max_staleness", bound)
-        lay = layout_of(
-            cfg,
-            machines,
-            slots,
-            staleness=staleness,
+        lay = with_knobs(
+            base,
+            staleness=overrides.get("pipeline.max_staleness", bound),
             concurrency=overrides["pipeline.max_concurrent_episodes"],
+            env_slot_cap=env_slot_cap,
         )
-        closed = steady_state(workload, lay)
-        seconds = steps / closed.steps_per_s
-        result = simulate(episodes.episode, lay, seconds=seconds, mode=cfg.pipeline.mode, seed=seed)
-        out.append(PlannedLayout(overrides, lay, closed, result, i == 0, result.staleness_p99 > bound))
+        closed, result = run_layout(cfg, episode, lay, steps=steps, seed=seed)
+        out.append(PlannedLayout(dict(overrides), lay, closed, result, i == 0, result.staleness_p99 > bound))
     return sorted(out, key=lambda r: -r.simulated.steps_per_s)
 
 
-def format_plan(
-    rows: list[PlannedLayout],
-    episodes: EpisodeCalibration,
-    machines: MachineCalibration,
-    *,
-    bound: int,
-    top: int,
-) -> str:
-    """The calibration on two lines, then the ``top`` layouts (and the config's own, if not among them)."""
+def run_header(
+    episodes: EpisodeCalibration, machines: MachineCalibration, slots: int, bound: int
+) -> list[str]:
+    """What a run calibrated: two lines."""
     e, w = episodes, episodes.workload()
-    slots = rows[0].layout.kv_slots if rows else 0
-    lines = [
+    return [
         f"calibrated: {e.episodes} episodes in {e.groups} groups, keep rate {w.keep_rate:.2f}, "
         f"{w.turns:.2f} turns x {w.tokens_per_turn:.0f} tokens, env {w.env_s_per_episode:.3f} s per episode",
         f"machines: learner {machines.learner_step_s:.3f} s/step, sampler {machines.sampler_tokens_per_s:.0f} tokens/s "
         f"over {slots} slots ({e.decode_tokens_per_s:.1f} tokens/s per sequence); staleness bound {bound}",
-        f"{'':2}{'steps/s':>9} {'(model)':>9} {'learner idle':>12} {'staleness p50/p99':>17}  {'binds (model)':<24} overrides",
+    ]
+
+
+def machines_line(lay: Layout, bound: int) -> str:
+    driver = f", driver {lay.driver_s_per_episode * 1e3:.1f} ms/episode" if lay.driver_s_per_episode else ""
+    return (
+        f"machines: learner {lay.learner_step_s:.3f} s/step, sampler {lay.sampler_tokens_per_s:.0f} tokens/s "
+        f"over {lay.kv_slots} slots ({lay.decode_tokens_per_s:.1f} tokens/s per sequence){driver}; "
+        f"staleness bound {bound}"
+    )
+
+
+def format_plan(rows: list[PlannedLayout], header: list[str], *, bound: int, top: int) -> str:
+    """``header``, then the ``top`` layouts (and the config's own, if not among them)."""
+    lines = [
+        *header,
+        f"{'':2}{'steps/s':>9} {'(model)':>9} {'idle: learner':>13} {'sampler':>7} {'env':>5} "
+        f"{'staleness p50/p99':>17}  {'binds (model)':<24} overrides",
     ]
     shown = rows[:top] + [r for r in rows[top:] if r.is_config]
     for r in shown:
         sim = r.simulated
         mark = "*" if r.is_config else " "
         flag = f"  ! p99 {sim.staleness_p99:g} > bound {bound}" if r.over_bound else ""
+        idle = {k: 1.0 - v for k, v in sim.utilisation.items()}
+        uses = f"  [{r.resources}]" if r.resources else ""
         lines.append(
-            f"{mark:2}{sim.steps_per_s:9.4f} {r.closed.steps_per_s:9.4f} {sim.learner_idle:12.2f} "
+            f"{mark:2}{sim.steps_per_s:9.4g} {r.closed.steps_per_s:9.4g} {idle['learner']:13.2f} "
+            f"{idle['sampler']:7.2f} {idle['env']:5.2f} "
             f"{sim.staleness_p50:8g}/{sim.staleness_p99:<8g}  {r.closed.binding:<24} "
-            + " ".join(f"{k}={v}" for k, v in r.overrides.items())
+            + " ".join(r.override_args)
+            + uses
             + flag
         )
     lines.append("* the config's own layout; ! staleness p99 above the config's bound")

@@ -12,6 +12,8 @@ What it simulates, as the orchestrator runs it (``harness/pipeline``):
   call holds one of ``env_slots`` env slots for a drawn latency. Each is a FIFO
   ``Station`` (c servers, one queue). Its tokens carry the sampler version at its
   first generation;
+- a finished episode passes through the *driver* (one server, ``driver_s_per_episode`` s
+  each) when the layout gives it a cost;
 - a finished *group* is kept with probability ``p`` (dynamic sampling) into the
   buffer; the *learner* takes the ``B`` kept groups that started first
   (``buffer.started_first``), trains for ``learner_step_s`` and bumps the version;
@@ -40,7 +42,7 @@ from labrl.harness.pipeline.admission import AdmissionState, may_start, pessimis
 from labrl.harness.pipeline.buffer import KEEP_WINDOW, Group, started_first
 from labrl.harness.pipeline.config import Mode
 from labrl.harness.planning.draws import Draw
-from labrl.harness.planning.model import Layout
+from labrl.harness.planning.model import Layout, Workload
 
 
 class EventLoop:
@@ -91,6 +93,7 @@ class Station:
         self.busy = 0
         self.queue: deque[tuple[float, float, Callable[[], None], Callable[[], None] | None]] = deque()
         self.queue_length = TimeAverage(loop, record_from)
+        self.busy_servers = TimeAverage(loop, record_from)
         self.record_from = record_from
         self.waits: list[float] = []
 
@@ -111,10 +114,16 @@ class Station:
             if arrived >= self.record_from:
                 self.waits.append(self.loop.now - arrived)
             self.busy += 1
+            self.busy_servers.set(self.busy)
             self.loop.after(service_s, lambda done=done: self._finish(done))  # type: ignore[misc]
+
+    def utilisation(self) -> float:
+        """The time-averaged fraction of the servers busy."""
+        return self.busy_servers.mean() / self.servers
 
     def _finish(self, done: Callable[[], None]) -> None:
         self.busy -= 1
+        self.busy_servers.set(self.busy)
         self._dispatch()
         done()
 
@@ -141,9 +150,20 @@ class EpisodeModel:
 
     turns: Draw
     tokens_per_turn: Draw
-    env_s: Draw  # one env call: the reset, or a step
+    env_s: Draw  # one env call: a step (and the reset, unless ``reset_s`` is given)
     keep_rate: float = 1.0  # the fraction of finished groups the buffer keeps
     groups: tuple[tuple[TracedEpisode, ...], ...] = ()
+    reset_s: Draw | None = None  # the reset's seconds, when they differ from a step's
+
+    @property
+    def env_s_per_episode(self) -> float:
+        """Mean env seconds of an episode: the reset's mean plus ``turns`` steps of ``env_s``'s mean."""
+        reset = self.reset_s.mean if self.reset_s is not None else self.env_s.mean
+        return reset + self.turns.mean * self.env_s.mean
+
+    def workload(self) -> Workload:
+        """The means the closed form (``model``) takes."""
+        return Workload(self.turns.mean, self.tokens_per_turn.mean, self.env_s_per_episode, self.keep_rate)
 
 
 @dataclass
@@ -157,6 +177,7 @@ class SimResult:
     staleness_p99: float
     over_max_staleness: int  # trained episodes staler than the bound
     queues: dict[str, float]  # time-averaged lengths
+    utilisation: dict[str, float]  # time-averaged busy fraction of each component
     kv_wait_s: float  # mean wait of a generation for a KV slot
     env_wait_s: float  # mean wait of an env call for a slot
     episodes_started: int = 0
@@ -181,6 +202,7 @@ class PipelineSim:
         self.warmup_s = warmup_s
         self.sampler = Station(self.loop, layout.kv_slots, record_from=warmup_s)
         self.env = Station(self.loop, layout.env_slots, record_from=warmup_s)
+        self.driver = Station(self.loop, 1, record_from=warmup_s)
         self.learner_version = 0
         self.sampler_version = 0
         self.learner_busy = False
@@ -255,7 +277,15 @@ class PipelineSim:
         def env_call(call_index: int) -> float:
             if traced and call_index < len(traced.env_s):
                 return traced.env_s[call_index]
+            if call_index == 0 and ep.reset_s is not None:
+                return ep.reset_s.sample(self.rng)
             return ep.env_s.sample(self.rng)
+
+        def finish() -> None:
+            if self.layout.driver_s_per_episode > 0:
+                self.driver.submit(self.layout.driver_s_per_episode, done)
+            else:
+                done()
 
         def stamp() -> None:
             # the stalest token is the first one made, with the weights the sampler holds when the
@@ -264,7 +294,7 @@ class PipelineSim:
 
         def turn(left: int) -> None:
             if left == 0:
-                done()
+                finish()
                 return
             index = turns - left
             self.sampler.submit(
@@ -348,8 +378,15 @@ class PipelineSim:
             queues={
                 "kv_cache": self.sampler.queue_length.mean(),
                 "env": self.env.queue_length.mean(),
+                "driver": self.driver.queue_length.mean(),
                 "buffer": self.buffered.mean(),
                 "groups_in_flight": self.inflight.mean(),
+            },
+            utilisation={
+                "learner": self.learner_busy_s / span if span > 0 else 0.0,
+                "sampler": self.sampler.utilisation(),
+                "env": self.env.utilisation(),
+                "driver": self.driver.utilisation(),
             },
             kv_wait_s=sum(self.sampler.waits) / len(self.sampler.waits) if self.sampler.waits else 0.0,
             env_wait_s=sum(self.env.waits) / len(self.env.waits) if self.env.waits else 0.0,

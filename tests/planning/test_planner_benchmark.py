@@ -82,3 +82,19 @@ def test_every_layout_is_calibrated_from_another_layout_s_run():
     for name in bench.LAYOUTS:
         assert bench.calibration_source(name) in bench.LAYOUTS
         assert bench.calibration_source(name) != name
+
+
+def test_the_paper_projection_prints_layouts_train_accepts(tmp_path):
+    planner()  # benchmarks/ on sys.path
+    projection = importlib.import_module("planner_projection")
+    result = projection.project(steps=20, seed=0, out=tmp_path / "projection.json")
+    assert result["experiment"]["sigma"] == 0.5 and result["experiment"]["median_s"] == 3600.0
+    assert [r["budget_gpus"] for r in result["rows"]] == list(projection.BUDGETS)
+    bound = load_run_config(projection.CONFIG, projection.PROJECTION_OVERRIDES).pipeline.max_staleness
+    for row in result["rows"]:
+        cfg = load_run_config(projection.CONFIG, [*projection.PROJECTION_OVERRIDES, *row["overrides"]])
+        # the learner's GPUs and the two servers of TP 2, within the budget
+        assert row["gpus_used"] == cfg.ray.learner_gpus + 4 <= row["budget_gpus"]
+        assert row["wall_hours"] == pytest.approx(1000.0 / row["gpus_used"])
+        assert row["steps_in_budget"] == pytest.approx(row["steps_per_hour"] * row["wall_hours"])
+        assert row["staleness_p99"] <= bound and cfg.pipeline.max_staleness <= bound == 4
