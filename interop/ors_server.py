@@ -103,6 +103,7 @@ REAP_EVERY_S = 5.0
 SETUP_WAIT_S = 25.0
 #: seconds a client refused for capacity (or a starting session) is asked to wait before it retries
 RETRY_AFTER_S = 2
+#: seconds between keepalive comments of a running call's stream (the SDK's client gives up after 30 s silent)
 KEEPALIVE_S = 10.0
 #: a handler's answer when it has answered itself (an event stream)
 STREAMED = object()
@@ -128,6 +129,9 @@ class Request:
         if not isinstance(body, dict):
             raise HttpError(422, "the body must be a JSON object")
         return body
+
+
+Handler = Callable[[Request], Awaitable[Any]]
 
 
 def _field(body: dict[str, Any], key: str, kind: type, optional: bool = False) -> Any:
@@ -172,7 +176,6 @@ class OrsServer:
         self._held = 0  # sessions created and not yet closed: what max_sessions caps
         self._task_views: dict[str, list[dict[str, Any]]] = {}
         self._reaper: asyncio.Task[None] | None = None
-        Handler = Callable[[Request], Awaitable[Any]]
         self._root_routes: dict[str, tuple[str, Handler]] = {
             "health": ("GET", self.health),
             "version": ("GET", self.version),
@@ -205,7 +208,7 @@ class OrsServer:
         elif scope["type"] == "lifespan":
             await lifespan(receive, send, self._start_reaper, self.shutdown)
 
-    def _route(self, path: str) -> tuple[str, Callable[[Request], Awaitable[Any]]]:
+    def _route(self, path: str) -> tuple[str, Handler]:
         parts = path.strip("/").split("/")
         if len(parts) == 1:
             found = self._root_routes.get(parts[0]) or self._env_routes.get(parts[0])

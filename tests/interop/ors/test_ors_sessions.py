@@ -39,6 +39,15 @@ def test_calls_that_are_no_step_are_refused_by_reason_and_tasks_are_listed(fixtu
             assert answered.reward == pytest.approx(1.0) and answered.finished is True
 
 
+def test_a_prompt_of_several_messages_is_flattened_with_a_role_block_before_each():
+    judged = "judged/science-qa-v0"  # a system and a user message
+    with serve_in_thread(judged) as url, environment(url, judged).session(split="test", index=0) as session:
+        messages = session.get_messages()
+        assert [m.role for m in messages] == ["system", "user"]
+        flattened = [text for m in messages for text in (f"[{m.role}]", m.blocks[0].text)]
+        assert [block.text for block in session.get_prompt()] == flattened
+
+
 def test_a_session_left_idle_past_its_ttl_is_reaped_and_its_place_freed(fixture_envs):
     ttl = {"session_ttl_s": 0.5, "reap_every_s": 0.1}
     with serve_in_thread(ECHO, max_sessions=1, server=ttl) as url:
