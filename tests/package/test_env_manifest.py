@@ -1,9 +1,10 @@
-"""``labrl envs show ID --json`` (the manifest) and ``labrl envs serve`` without its extra."""
+"""``labrl envs show ID --json`` (the manifest) and ``labrl envs serve`` without a protocol's extra."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from importlib.metadata import version
 
 import pytest
@@ -39,13 +40,21 @@ def test_options_reach_the_manifest_and_a_protocol_adds_its_extra(capsys):
     assert shown["dependencies"]["packages"] == [f"labrl=={version('labrl')}"]  # not modified
 
 
-@pytest.mark.parametrize(("protocol", "package"), [("openenv", "openenv"), ("ors", "openreward")])
-def test_serve_without_the_extra_is_one_line_naming_it(capsys, protocol, package):
-    if importlib.util.find_spec(package) is not None:
-        pytest.skip(f"the {protocol} extra is installed")
-    assert main(["envs", "serve", "xrd/phase-id-v0", "--protocol", protocol, "--port", "1"]) == 2
+def test_serve_without_the_extra_is_one_line_naming_it(capsys):
+    if importlib.util.find_spec("openenv") is not None:
+        pytest.skip("the openenv extra is installed")
+    assert main(["envs", "serve", "xrd/phase-id-v0", "--protocol", "openenv", "--port", "1"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"pip install 'labrl[{protocol}]'" in err
+    assert err.count("\n") == 1 and "pip install 'labrl[openenv]'" in err
+
+
+def test_the_ors_server_needs_no_extra():
+    """labrl's ORS server is its own (``labrl[ors]`` is the SDK's client, for harnesses and tests)."""
+    from labrl.interop.servers import ServeSettings, app_factory
+
+    app = app_factory("ors")(ServeSettings(env_id="xrd/phase-id-tools-v0"))
+    assert app.name == "xrd--phase-id-tools-v0"
+    assert "openreward" not in sys.modules
 
 
 def test_serve_offers_the_registered_protocols(capsys):

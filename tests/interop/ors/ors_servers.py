@@ -20,17 +20,17 @@ docs_python_block = partial(shared.docs_python_block, SECTION)
 
 
 @contextmanager
-def serve_in_thread(env_id: str, max_sessions: int = 1024, **options: object) -> Iterator[str]:
-    """The ORS app of ``env_id`` under uvicorn in a thread of this process; yields its URL."""
-    from sse_starlette.sse import AppStatus
+def serve_in_thread(
+    env_id: str, max_sessions: int = 1024, server: dict[str, float] | None = None, **options: object
+) -> Iterator[str]:
+    """The ORS app of ``env_id`` under uvicorn in a thread of this process; yields its URL.
 
-    from labrl.interop.servers import ServeSettings, app_factory
+    ``server``: ``create_app``'s own keywords (the reaper's ``session_ttl_s``, ``reap_every_s``)."""
+    from labrl.interop.ors_server import create_app
+    from labrl.interop.servers import ServeSettings
 
-    # sse-starlette keeps one process-wide shutdown event, bound to the first loop that waits on it;
-    # each server here runs its own loop (a served process has one server, so only tests need this)
-    AppStatus.should_exit_event = None
     settings = ServeSettings(
         env_id=env_id, options=dict(options), max_sessions=max_sessions, tasks_per_split=5
     )
-    with shared.serve_app_in_thread(app_factory("ors")(settings)) as url:
+    with shared.serve_app_in_thread(create_app(settings, **(server or {}))) as url:
         yield url

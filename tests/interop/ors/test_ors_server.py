@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("openreward")
 
-from interop_servers import registered, serve_argv
+from interop_servers import serve_argv
 from openreward import OpenReward
 from openreward.api.errors import ToolCallError, ToolFailed
 from ors_servers import docs_python_block, docs_serve_command, serve_in_thread
@@ -62,6 +62,7 @@ def test_a_full_xrd_episode_with_a_tool_call_a_bad_call_and_the_gold_answer(xrd_
     with env.session(split="test", index=3) as session:
         messages = session.get_messages()
         assert [m.blocks[0].text for m in messages] == opening_texts(XRD, "test", 3)
+        assert [b.text for b in session.get_prompt()] == [messages[0].blocks[0].text]  # one user message
 
         searched = session.call_tool("search_phases", {"elements": ["O"]})
         assert searched.reward is None and searched.finished is False
@@ -107,18 +108,6 @@ def test_concurrent_sessions_each_hold_their_own_episode(xrd_server):
         wrong = play(session, gold(XRD, "train", 1))
         assert wrong.metadata["outcome"] == "invalid_action" and wrong.reward is None
         assert "is not one of the candidates" in wrong.metadata["error"]
-
-
-@pytest.fixture(scope="module")
-def fixture_envs():
-    ids = {
-        "test/echo-v0": "labrl_test_envs:EchoEnv",
-        "test/slow-v0": "labrl_test_envs:SlowEnv",
-        "test/crashing-v0": "labrl_test_envs:CrashingEnv",
-        "test/broken-verifier-v0": "labrl_test_envs:BrokenVerifierEnv",
-    }
-    with registered(ids):
-        yield
 
 
 def test_a_plain_reply_goes_to_the_terminal_tool(fixture_envs):
