@@ -213,6 +213,24 @@ async def accuracy(env_cls, sampler, tok, n: int) -> float:
     return sum(t.reward == 1.0 for t in trajs) / n
 
 
+async def play_group(env_cls, task_env, index: int, sampler, tok, sampling, args) -> list:
+    """Group ``index`` of the batch; with ``--retry-all-wrong N`` a group whose every member was
+    wrong is played again on the same task (fresh samples), up to N more times, and the last try
+    is trained. The pipeline's ``retry_all_wrong`` (the quickstart's fix for tasks the policy has
+    drifted away from, whose all-wrong groups carry no GRPO signal) in this synchronous loop."""
+    task = task_env.make_task("train", index)
+    for attempt in range(args.retry_all_wrong + 1):
+        # members get seed + 0..G-1; another --seed draws other samples, seed 0 (no retry) keeps the recorded runs
+        seed = args.seed * 1_000_003 + index * 4 + attempt * 7_919_993
+        group = await rollout_group(
+            env_cls, task, sampler, tok, sampling.model_copy(update={"seed": seed}), args.group_size,
+            return_routed_experts=True,
+        )  # fmt: skip
+        if any(t.reward == 1.0 for t in group):
+            break
+    return group
+
+
 async def one_run(k: int, correction: str, args, on_eval=None) -> dict:
     """Train one cell; ``on_eval(partial_row)`` is called after every intermediate held-out eval."""
     torch.manual_seed(args.seed)
@@ -253,16 +271,7 @@ async def one_run(k: int, correction: str, args, on_eval=None) -> dict:
             await sampler.update_weights(weights, version)
         groups = await asyncio.gather(
             *(
-                rollout_group(
-                    env_cls,
-                    task_env.make_task("train", v * args.groups + g),
-                    sampler,
-                    tok,
-                    # members get seed + 0..G-1; another --seed draws other samples, seed 0 keeps the recorded runs
-                    sampling.model_copy(update={"seed": args.seed * 1_000_003 + (v * args.groups + g) * 4}),
-                    args.group_size,
-                    return_routed_experts=True,
-                )
+                play_group(env_cls, task_env, v * args.groups + g, sampler, tok, sampling, args)
                 for g in range(args.groups)
             )
         )
@@ -314,7 +323,8 @@ def optimizer_config(args) -> OptimizerConfig:
 def _row(args, env_cls, k, correction, objective, learner_overrides, curve, evals, t0) -> dict:
     """A cell's record (``accuracy`` and ``collapsed`` are added by the caller)."""
     return {"task": args.task, "letters": args.letters, "add_digits": args.add_digits, "chance": env_cls.chance(),
-            "lr": args.lr, "schedule": args.schedule, "warmup": args.warmup, "k": k, "correction": correction,
+            "lr": args.lr, "schedule": args.schedule, "warmup": args.warmup,
+            "retry_all_wrong": args.retry_all_wrong, "k": k, "correction": correction,
             "updates": args.updates, "seed": args.seed,
             "objective": objective.model_dump(mode="json"), "learner": learner_overrides,
             "wall_s": time.perf_counter() - t0, "curve": list(curve), "evals": list(evals)}  # fmt: skip
@@ -334,6 +344,9 @@ async def main() -> None:
     ap.add_argument("--schedule", choices=["constant", "cosine"], default="constant",
                     help="cosine: warm-up then cosine decay to lr/10 at the last update")  # fmt: skip
     ap.add_argument("--warmup", type=int, default=0, help="--schedule cosine: warm-up updates")
+    ap.add_argument(
+        "--retry-all-wrong", type=int, default=0, help="replay an all-wrong group's task up to N times"
+    )
     ap.add_argument("--sft-steps", type=int, default=100)
     ap.add_argument("--eval-size", type=int, default=256)
     ap.add_argument("--eval-every", type=int, default=0, help="held-out eval period (0: updates / 8)")
