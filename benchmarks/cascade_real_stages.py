@@ -5,8 +5,8 @@ Each stage's calculation is dispatched as the env's calculator dispatches it
 fresh killable subprocess (``run_killable``), one call at a time. Per call it records the wall
 time seen by the caller (the stage's latency: dispatch, model or library import on a cold
 process, the calculation) and the CPU-seconds of the calculation inside the worker (the stage's
-cost in ``cpu_s``). Candidates: each material of the catalogue at ``a_exp * f`` for ``calls /
-len(materials)`` factors ``f`` spread over [0.96, 1.04]. Prints the medians and writes
+cost in ``cpu_s``). Candidates: each molecule of the catalogue at ``d_exp * f`` for ``calls /
+len(molecules)`` factors ``f`` spread over [0.9, 1.3] (both calculators' optima lie inside). Prints the medians and writes
 ``benchmarks/results/cascade_real_stages.json``.
 
     python benchmarks/cascade_real_stages.py [--calls 20]
@@ -24,7 +24,7 @@ from typing import Any
 
 from _results import write_json  # beside this script
 
-from labrl.envs.sim.cascade_references import MATERIALS, energy_request
+from labrl.envs.sim.cascade_references import MOLECULES, energy_request
 from labrl.lab_adapters.calculators import execute_calculation
 from labrl.offload import run_cpu, run_killable
 
@@ -59,16 +59,16 @@ async def measure(backend: str, requests: list[dict[str, Any]]) -> dict[str, Any
 
 
 def candidates(calls: int) -> list[tuple[str, float]]:
-    per_material = max(1, calls // len(MATERIALS))
-    factors = [0.96 + 0.08 * i / max(per_material - 1, 1) for i in range(per_material)]
-    return [(m, MATERIALS[m].a_exp * f) for m in MATERIALS for f in factors]
+    per_molecule = -(-calls // len(MOLECULES))  # at least ``calls`` in all
+    factors = [0.9 + 0.4 * i / max(per_molecule - 1, 1) for i in range(per_molecule)]
+    return [(m, MOLECULES[m].d_exp * f) for m in MOLECULES for f in factors]
 
 
 async def main_async(calls: int) -> dict[str, Any]:
     points = candidates(calls)
     results = {}
     for stage, backend in STAGES.items():
-        requests = [energy_request(backend, m, a) for m, a in points]
+        requests = [energy_request(backend, m, d) for m, d in points]
         results[stage] = {"backend": backend, **await measure(backend, requests)}
     return results
 

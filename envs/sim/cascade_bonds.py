@@ -78,7 +78,9 @@ class BondCascadeOptions(BaseModel):
         return self
 
 
-def measured_stage(name: str, cost: float | None, calls: Sequence[float], pass_on: Any = None) -> Stage:
+def measured_stage(
+    name: str, cost: float | None, calls: Sequence[float], pass_on: Threshold | TopK | None = None
+) -> Stage:
     """A ``cpu_s`` stage whose cost (unless given) and latency are the measured CPU-seconds per call:
     cost and median the median of ``calls``, sigma the standard deviation of their logarithms."""
     logs = [math.log(max(s, 1e-3)) for s in calls]
