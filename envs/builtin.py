@@ -21,3 +21,4 @@ def register_builtin_envs() -> None:
     register("lab/synthesis-v0", entry_point="labrl.envs.lab:SynthesisEnv")
     register("lab/synthesis-multiturn-v0", entry_point="labrl.envs.lab:SynthesisMultiTurnEnv")
     register("synthetic/cascade-v0", entry_point="labrl.envs.cascade.synthetic:SyntheticCascadeEnv")
+    register("materials/cascade-chgnet-pyscf-v0", entry_point="labrl.envs.sim.cascade_bonds:BondCascadeEnv")

@@ -1,4 +1,5 @@
-"""Simulator-backed environments: sim/lattice-constant-v0 and sim/structure-search-v0."""
+"""Simulator-backed environments: sim/lattice-constant-v0, sim/structure-search-v0 and (cascade_bonds)
+materials/cascade-chgnet-pyscf-v0."""
 
 from labrl.envs.sim.lattice import LatticeConstantEnv
 from labrl.envs.sim.search import StructureSearchEnv

@@ -11,6 +11,8 @@ and event loop, so the cache serves every episode.
 from __future__ import annotations
 
 import asyncio
+import math
+import re
 import weakref
 from typing import Any
 
@@ -147,6 +149,24 @@ def extract_answer(text: str) -> str:
     if found is None:
         raise InvalidActionError("no <answer>...</answer> block found")
     return found.strip()
+
+
+#: one number, optionally followed by a unit of Å
+_ANGSTROM_NUMBER = re.compile(
+    r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(?:Å|A|angstroms?|Angstroms?)?\s*$"
+)
+
+
+def parse_angstrom(body: str, what: str = "the lattice constant") -> float:
+    """A positive finite length in Å from an answer's body (``4.03``, ``4.03 Å``); else
+    ``InvalidActionError`` naming ``what``."""
+    match = _ANGSTROM_NUMBER.match(body)
+    if not match:
+        raise InvalidActionError(f"the answer must be one number in Å, got {body[:60]!r}")
+    value = float(match.group(1))
+    if not math.isfinite(value) or value <= 0:
+        raise InvalidActionError(f"{what} must be a positive finite number, got {value}")
+    return value
 
 
 def split_of(task_id: str) -> str:

@@ -20,12 +20,18 @@ from __future__ import annotations
 import itertools
 import math
 import random
-import re
 from collections.abc import Sequence
 from typing import ClassVar
 
 from labrl.envs.base import Env
-from labrl.envs.sim.common import Calculator, extract_answer, formula_of, prototype_atoms, split_of
+from labrl.envs.sim.common import (
+    Calculator,
+    extract_answer,
+    formula_of,
+    parse_angstrom,
+    prototype_atoms,
+    split_of,
+)
 from labrl.envs.types import Action, Budgets, EnvSpec, Message, Observation, Split, StepResult, Task
 from labrl.errors import ConfigError, EnvError, InvalidActionError
 from labrl.lab_adapters.structures import structure_to_dict
@@ -60,7 +66,6 @@ _RADII = {
     "B": 0.9,
 }
 DEFAULT_ELEMENTS = ("Al", "Cu", "Ag", "Au", "Ni", "Pd", "Pt")
-_NUMBER = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(?:Å|A|angstroms?|Angstroms?)?\s*$")
 
 
 def reward_for(relative_error: float) -> float:
@@ -161,13 +166,7 @@ class LatticeConstantEnv(Env):
         return Observation(messages=(Message(role="user", content=text),))
 
     def _parse(self, text: str) -> float:
-        body = extract_answer(text)
-        match = _NUMBER.match(body)
-        if not match:
-            raise InvalidActionError(f"the answer must be one number in Å, got {body[:60]!r}")
-        a = float(match.group(1))
-        if not math.isfinite(a) or a <= 0:
-            raise InvalidActionError(f"the lattice constant must be a positive finite number, got {a}")
+        a = parse_angstrom(extract_answer(text))
         task = self.episode_task()
         nn = a * NN_OVER_A[task.prompt["prototype"]]
         if not NN_RANGE[0] <= nn <= NN_RANGE[1]:

@@ -66,13 +66,14 @@ TOOLS = (
 DEFAULT_ELEMENTS = ("Al", "Cu", "Ag", "Au", "Ni", "Pd", "Pt")
 
 
-def reward_for(energy_per_atom: float, reference: float) -> float:
+def reward_for(energy_per_atom: float, reference: float, zero_at_ev: float = ZERO_AT_EV) -> float:
+    """1 within ``SLACK_EV`` eV/atom of ``reference``, falling linearly to 0 at ``zero_at_ev`` beyond it."""
     excess = energy_per_atom - reference
     if not math.isfinite(excess):
         return 0.0
     if excess <= SLACK_EV:
         return 1.0
-    return max(0.0, 1.0 - (excess - SLACK_EV) / ZERO_AT_EV)
+    return max(0.0, 1.0 - (excess - SLACK_EV) / zero_at_ev)
 
 
 def _ratio(species: Sequence[str]) -> tuple[tuple[str, int], ...]:
