@@ -46,6 +46,7 @@ import json
 import math
 import os
 import random
+import shutil
 import sqlite3
 import statistics
 import time
@@ -67,14 +68,14 @@ PROBE_SEED_OFFSET = 9_000_000  # probe tasks far from every run's train seeds (r
 
 #: the benchmark's own tuning of configs/cascade-synthetic.yaml: learnable in a few minutes on 2 cores
 TUNING = [
-    "env.options.width=0.5", "env.options.proxy_shift=0.3", "pipeline.mode=sync",
+    "env.options.width=0.5", "env.options.proxy_shift=0.3", "pipeline.mode=sync", "sampler.max_new_tokens=40",
     "model.overrides.hidden_size=96", "model.overrides.ffn_hidden_size=192",
     "model.overrides.moe_ffn_hidden_size=192",
     "sft.steps=150", "sft.batch_size=16", "sft.lr=3e-3", "sft.schedule=cosine", "sft.num_prompts=512",
     "learner.optimizer.lr=1e-3", "learner.optimizer.warmup_steps=10", "learner.optimizer.schedule=cosine",
-    "learner.optimizer.total_steps=120", "learner.micro_batch_size=32", "learner.reference=initial",
+    "learner.optimizer.total_steps=100", "learner.micro_batch_size=32", "learner.reference=initial",
     "objective.kl_coef=0.05",
-    "pipeline.total_steps=120", "pipeline.batch_groups=8", "pipeline.group_size=8",
+    "pipeline.total_steps=100", "pipeline.batch_groups=8", "pipeline.group_size=8",
     "pipeline.max_concurrent_episodes=64", "pipeline.eval_every=20", "pipeline.eval_size=64", "pipeline.eval_temperature=1.0",
     "pipeline.progress=false", "cascade.test_split_at_truth=true", "cascade.budgets={}",
 ]  # fmt: skip
@@ -107,8 +108,11 @@ def task_id_of(key: str) -> tuple[str, str]:
 
 
 def train_charges(ledger: Path, stage: str = EXPENSIVE_STAGE) -> list[tuple[str, float]]:
-    """``(task_id, cost)`` of every train-split charge of ``stage`` in the ledger."""
-    with sqlite3.connect(f"file:{ledger}?mode=ro", uri=True) as conn:
+    """``(task_id, cost)`` of every train-split charge of ``stage`` in the ledger (none if no stage was paid:
+    the ledger is created at the first charge)."""
+    if not ledger.exists():
+        return []
+    with sqlite3.connect(ledger) as conn:
         rows = conn.execute("SELECT key, cost FROM charges WHERE stage = ?", (stage,)).fetchall()
     return [(task, cost) for key, cost in rows for split, task in [task_id_of(key)] if split == "train"]
 
@@ -188,6 +192,8 @@ def run_part(arm: str, seed: int, extra: Sequence[str], runs: Path, parts: Path)
     from labrl.harness.pipeline.runner import train
 
     run_dir = runs / f"{arm}_{seed}"
+    if run_dir.exists():  # a part is redone whole: its curve and its ledger must come from one run
+        shutil.rmtree(run_dir)
     cfg = load_arm_config(arm, seed, run_dir, extra)
     load_before = os.getloadavg()
     t0 = time.perf_counter()

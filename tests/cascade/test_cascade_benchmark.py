@@ -16,8 +16,8 @@ from labrl.harness.backends.parts import make_env_factory
 
 BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
 TINY = [
-    "sft.steps=2", "sft.batch_size=2", "sft.num_prompts=2", "pipeline.total_steps=2", "pipeline.eval_every=1",
-    "pipeline.eval_size=2", "pipeline.batch_groups=1", "pipeline.group_size=2", "learner.optimizer.total_steps=2",
+    "sft.steps=80", "sft.batch_size=8", "sft.num_prompts=64", "pipeline.total_steps=2", "pipeline.eval_every=1",
+    "pipeline.eval_size=2", "pipeline.batch_groups=1", "pipeline.group_size=4", "learner.optimizer.total_steps=2",
 ]  # fmt: skip
 
 
@@ -119,13 +119,15 @@ def test_two_tiny_parts_and_their_merge(tmp_path, capsys):
     expensive = json.loads((tmp_path / "always-expensive_0.json").read_text())
     cheap = json.loads((tmp_path / "always-cheap_0.json").read_text())
     assert [p["step"] for p in expensive["curve"]] == [0, 1, 2]
-    assert expensive["truth_gpu_h"] == pytest.approx(0.001 * expensive["train_truth_calls"]) > 0
+    # 80 SFT steps put the policy on format: its candidates reach the ledger
+    assert expensive["train_truth_calls"] > 0
+    assert expensive["truth_gpu_h"] == pytest.approx(0.001 * expensive["train_truth_calls"])
     assert expensive["curve"][-1]["truth_gpu_h"] <= expensive["truth_gpu_h"]
     assert expensive["reward_truth_corr"] == pytest.approx(1.0)  # its reward is the truth
     assert (
         cheap["train_truth_calls"] == 0 and cheap["truth_gpu_h"] == 0.0
     )  # every trained reward was the proxy
-    assert cheap["reward_truth_corr"] < 0.9 and cheap["reward_minus_truth_mean"] > 0.05
+    assert cheap["reward_truth_corr"] < 0.9 and abs(cheap["reward_minus_truth_mean"]) > 0.05  # biased proxy
     summary = b.merge(tmp_path, tmp_path / "out")
     assert summary["arms"]["always-expensive"]["compute_ratio"] == 1.0
     assert summary["arms"]["always-cheap"]["compute_ratio"] == 0.0
