@@ -72,7 +72,7 @@ TUNING = [
     "model.overrides.hidden_size=96", "model.overrides.ffn_hidden_size=192",
     "model.overrides.moe_ffn_hidden_size=192",
     "sft.steps=150", "sft.batch_size=16", "sft.lr=3e-3", "sft.schedule=cosine", "sft.num_prompts=512",
-    "learner.optimizer.lr=1e-3", "learner.optimizer.warmup_steps=10", "learner.optimizer.schedule=cosine",
+    "learner.optimizer.lr=3e-4", "learner.optimizer.warmup_steps=10", "learner.optimizer.schedule=cosine",
     "learner.optimizer.total_steps=100", "learner.micro_batch_size=32", "learner.reference=initial",
     "objective.kl_coef=0.05",
     "pipeline.total_steps=100", "pipeline.batch_groups=8", "pipeline.group_size=8",
