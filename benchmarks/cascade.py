@@ -1,8 +1,9 @@
 """Reward cascades (issue 30): held-out truth reward per unit of expensive compute, by how the truth is paid for.
 
-Each arm trains ``configs/cascade-synthetic.yaml`` (``synthetic/cascade-v0``: a proxy whose optimum sits
-0.15 from the truth's and reads 0.1 high) with the benchmark's own tuning (``TUNING``) and the arm's
-config overrides (``ARMS``), through ``labrl train``'s run API (``runner.train``)::
+Each arm trains ``configs/cascade-synthetic.yaml`` (``synthetic/cascade-v0``) with the benchmark's own
+tuning (``TUNING``: truth width 0.5, the proxy's optimum 0.3 from the truth's and reading 0.1 high, a
+larger tiny-moe, a longer warm start, RL lr 3e-4 with a KL to the warm-started policy, 100 sync steps)
+and the arm's config overrides (``ARMS``), through ``labrl train``'s run API (``runner.train``)::
 
     python benchmarks/cascade.py --arm always-expensive --seed 0   # one part: results/cascade/ARM_SEED.json
     python benchmarks/cascade.py --arm cascade --seed 1 --set pipeline.total_steps=40

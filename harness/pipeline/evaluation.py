@@ -24,7 +24,7 @@ from typing import Any
 from labrl.envs.base import Env
 from labrl.harness.pipeline.errors_log import ErrorLog
 from labrl.harness.pipeline.stats import failure_rates
-from labrl.harness.rollout.play import rollout
+from labrl.harness.rollout.play import nth_draw, rollout
 from labrl.harness.tokenizer import Tokenizer
 from labrl.harness.types import Sampler, SamplingParams, Trajectory
 
@@ -62,7 +62,8 @@ def accuracy_by_label(results: list[Trajectory]) -> dict[str, dict[str, Any]] | 
 
 @dataclass
 class EvalOnTestSplit:
-    """Plays test tasks ``0 .. size-1`` at most ``concurrency`` at a time, one fresh env each.
+    """Plays test tasks ``0 .. size-1`` at most ``concurrency`` at a time, one fresh env each;
+    seeded sampling draws task ``i`` with seed ``seed + i`` (``nth_draw``).
 
     ``sampling``: the evaluation's own (its temperature and seed), not the training one.
     """
@@ -85,8 +86,10 @@ class EvalOnTestSplit:
                 env = self.make_env()
                 try:
                     task = env.make_task("test", i)
+                    # each task its own draws: one seed for all would give every task the same noise
+                    sampling = nth_draw(self.sampling, i)
                     return await rollout(
-                        env, task, sampler, self.tokenizer, self.sampling, rid_prefix=f"eval{step}:"
+                        env, task, sampler, self.tokenizer, sampling, rid_prefix=f"eval{step}:"
                     )
                 finally:
                     await env.close()

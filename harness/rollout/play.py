@@ -213,6 +213,14 @@ def episode_labels(env: Env, episode: Episode) -> dict[str, str]:
     return {"task_label": label, **({"answer_label": answer} if answer is not None else {})}
 
 
+def nth_draw(sampling: SamplingParams, i: int) -> SamplingParams:
+    """The sampling of the ``i``-th of several episodes: seeded sampling gets seed ``seed + i``, so
+    episodes sharing one seed still draw different noise; unseeded sampling is returned as is."""
+    if sampling.seed is None:
+        return sampling
+    return sampling.model_copy(update={"seed": sampling.seed + i})
+
+
 async def rollout_group(
     make_env: Callable[[], Env],
     task: Task,
@@ -233,9 +241,7 @@ async def rollout_group(
     async def one(i: int) -> Trajectory:
         current_member.set(i)  # gather runs each member in its own task: the value stays in it
         env = make_env()
-        member = sampling
-        if sampling.seed is not None:
-            member = sampling.model_copy(update={"seed": sampling.seed + i})
+        member = nth_draw(sampling, i)
         try:
             return await rollout(
                 env, task, sampler, tokenizer, member,
