@@ -317,7 +317,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> Path:
         ax.plot(xs, ys, marker="o", ms=3, color=colors.get(r["arm"], "k"), label=label)
     ax.set_xlabel("expensive (truth) compute spent on training, GPU-h")
     ax.set_ylabel("held-out truth reward")
-    ax.set_title("synthetic/cascade-v0: reward vs expensive compute (one line per seed)")
+    ax.set_title("synthetic/cascade-v0, one line per seed", fontsize=10)
     ax.legend()
     return save_figure(fig, path)
 
