@@ -174,9 +174,10 @@ async def reward_fidelity(arm: str, seed: int, size: int = PROBE_SIZE) -> dict[s
         finally:
             await env.close()
 
+    tasks_of = make_arm()  # make_task is pure: one env names every probe task
     pairs = []
     for i in range(size):
-        hint = make_arm().make_task("train", PROBE_SEED_OFFSET + i).prompt["hint"]
+        hint = tasks_of.make_task("train", PROBE_SEED_OFFSET + i).prompt["hint"]
         answer = min(1.0, max(0.0, hint + rng.uniform(-0.3, 0.3)))
         pairs.append((PROBE_SEED_OFFSET + i, f"<answer>{answer:.3f}</answer>"))
     rewards = await asyncio.gather(*(score(make_arm, s, t) for s, t in pairs))
