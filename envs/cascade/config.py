@@ -5,6 +5,7 @@ Owned by the cascade component (not ``env.budgets``, which are per-episode time 
     cascade:
       audit_probability: 0.1          # p: a candidate the rule stops still goes on with probability p
       seed: 0                         # seeds the audit draws (labrl.envs.cascade.env)
+      test_split_at_truth: false      # true: the test split runs every stage, held-out reward = truth
       ledger_path: runs/x/cascade-ledger.sqlite   # None: RUN_DIR/cascade-ledger.sqlite under labrl train, else in memory
       budgets:
         dft: {limit: 2.0, unit: gpu_h}  # the run may charge stage "dft" at most 2 GPU-hours
@@ -54,6 +55,10 @@ class CascadeSection(_Section):
         description="probability that a candidate a rule stops still runs the next stage (the audit)",
     )
     seed: int = Field(default=0, ge=0, description="seeds the audit draws")
+    test_split_at_truth: bool = Field(
+        default=False,
+        description="test-split episodes run every stage (q = 1), so a held-out reward is the truth itself",
+    )
     ledger_path: str | None = Field(
         default=None,
         min_length=1,

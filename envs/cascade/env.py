@@ -12,7 +12,9 @@ A subclass declares its stages (``self.stages``, validated by ``set_stages``) an
 step). For each stage after the first, the previous stage's rule decides (``Threshold``, or
 ``TopK`` and ``Informative`` through the group's ``GroupGate``); a candidate it stops still runs the stage when the
 audit draw ``u < p`` (``cascade.audit_probability``), so the stage ran with probability ``q = 1``
-(passed) or ``q = p`` (audited). ``u`` is a uniform drawn from a hash of ``(cascade.seed, stage
+(passed) or ``q = p`` (audited); with ``cascade.test_split_at_truth`` a test-split episode runs
+every stage with ``q = 1`` and no rule consulted, so ``r = e`` exactly (a held-out measurement of the
+truth, charged under the test split's keys). ``u`` is a uniform drawn from a hash of ``(cascade.seed, stage
 key)``: deterministic for a candidate, so replaying an episode gives the same reward, and
 independent of the candidate's values at the stage being decided. Each stage call is paid through
 the budget ledger (``labrl.envs.cascade.ledger``) under ``stage_key``; the reward is
@@ -136,10 +138,11 @@ class CascadeEnv(Env):
         ledger = shared_ledger(self.cascade)
         text = self.candidate_text(candidate)
         records: list[StageRecord] = []
+        every_stage = self.cascade.test_split_at_truth and task.split == "test"
         for index, stage in enumerate(self.stages):
             key = stage_key(task, stage.name, text)
             probability, passed = 1.0, True
-            if index > 0:
+            if index > 0 and not every_stage:
                 passed = await self._passes(self.stages[index - 1], records[-1].value)
                 probability = 1.0 if passed else self.cascade.audit_probability
                 if audit_uniform(self.cascade.seed, key) >= probability:

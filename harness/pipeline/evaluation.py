@@ -25,7 +25,7 @@ from labrl.envs.base import Env
 from labrl.envs.cascade import GroupGate
 from labrl.harness.pipeline.errors_log import ErrorLog
 from labrl.harness.pipeline.stats import failure_rates
-from labrl.harness.rollout.play import join_cascade_group, rollout
+from labrl.harness.rollout.play import join_cascade_group, nth_draw, rollout
 from labrl.harness.tokenizer import Tokenizer
 from labrl.harness.types import Sampler, SamplingParams, Trajectory
 
@@ -63,7 +63,8 @@ def accuracy_by_label(results: list[Trajectory]) -> dict[str, dict[str, Any]] | 
 
 @dataclass
 class EvalOnTestSplit:
-    """Plays test tasks ``0 .. size-1`` at most ``concurrency`` at a time, one fresh env each.
+    """Plays test tasks ``0 .. size-1`` at most ``concurrency`` at a time, one fresh env each;
+    seeded sampling draws task ``i`` with seed ``seed + i`` (``nth_draw``).
 
     A cascade env whose rule decides by the group plays each held-out episode as a group of one
     (``TopK`` passes it on; ``Informative`` sees no advantage to flip and only audits).
@@ -90,8 +91,10 @@ class EvalOnTestSplit:
                 join_cascade_group(env, GroupGate(1), 0)  # a held-out episode is a group of its own
                 try:
                     task = env.make_task("test", i)
+                    # each task its own draws: one seed for all would give every task the same noise
+                    sampling = nth_draw(self.sampling, i)
                     return await rollout(
-                        env, task, sampler, self.tokenizer, self.sampling, rid_prefix=f"eval{step}:"
+                        env, task, sampler, self.tokenizer, sampling, rid_prefix=f"eval{step}:"
                     )
                 finally:
                     await env.close()

@@ -228,6 +228,14 @@ def join_cascade_group(env: Env, gate: GroupGate, member: int) -> None:
         inner.join_group(gate, member)
 
 
+def nth_draw(sampling: SamplingParams, i: int) -> SamplingParams:
+    """The sampling of the ``i``-th of several episodes: seeded sampling gets seed ``seed + i``, so
+    episodes sharing one seed still draw different noise; unseeded sampling is returned as is."""
+    if sampling.seed is None:
+        return sampling
+    return sampling.model_copy(update={"seed": sampling.seed + i})
+
+
 async def rollout_group(
     make_env: Callable[[], Env],
     task: Task,
@@ -250,9 +258,7 @@ async def rollout_group(
 
     async def one(i: int) -> Trajectory:
         current_member.set(i)  # gather runs each member in its own task: the value stays in it
-        member = sampling
-        if sampling.seed is not None:
-            member = sampling.model_copy(update={"seed": sampling.seed + i})
+        member = nth_draw(sampling, i)
         try:
             env = make_env()
             join_cascade_group(env, gate, i)

@@ -165,3 +165,28 @@ def test_a_restarted_process_pays_nothing_twice(tmp_path):
     assert [(s.reused, s.cost) for s in before.stages] == [(False, 0.01), (False, 0.001)]
     assert [(s.reused, s.cost) for s in after.stages] == [(True, 0.0), (True, 0.0)]
     assert after.reward == before.reward
+
+
+async def test_the_test_split_at_truth_scores_the_truth_and_the_train_split_keeps_its_cascade():
+    """Threshold out of reach, the smallest audit: train episodes get the proxy alone (r = s_0), while
+    ``test_split_at_truth`` runs both stages on the test split, so r = e exactly."""
+    options = {
+        **FAST,
+        "proxy_shift": 0.15,
+        "proxy_offset": 0.1,
+        "pass_threshold": 1e9,
+        "cascade": {"audit_probability": 1e-4, "test_split_at_truth": True},
+    }
+    env = make("synthetic/cascade-v0", **options)
+    text = "<answer>0.5</answer>"
+    test_task, train_task = env.make_task("test", 3), env.make_task("train", 3)
+    held_out = CascadeRecord.model_validate((await _play(env, test_task, text)).info["cascade"])
+    assert [s.stage for s in held_out.stages] == ["proxy", "truth"]
+    assert held_out.stages[1].run_probability == 1.0
+    assert held_out.reward == pytest.approx(max(0.0, 1 - abs(0.5 - test_task.answer) / 0.25))
+    trained = await _play(make("synthetic/cascade-v0", **options), train_task, text)
+    record = CascadeRecord.model_validate(trained.info["cascade"])
+    assert [s.stage for s in record.stages] == ["proxy"]
+    assert (
+        trained.reward == record.values[0] != pytest.approx(max(0.0, 1 - abs(0.5 - train_task.answer) / 0.25))
+    )

@@ -99,3 +99,27 @@ async def test_rare_answers_are_summed_as_other(monkeypatch):
     unlabelled = await evaluate(UnlabelledClassEnv)
     assert unlabelled["accuracy"] == 5 / 9
     assert "by_label" not in unlabelled
+
+
+class SeedRecordingSampler(ScriptedSampler):
+    """``ScriptedSampler`` that also records each request's sampling seed by test task."""
+
+    def __init__(self) -> None:
+        self.seeds: dict[int, int | None] = {}
+
+    async def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        for r in requests:
+            self.seeds[int(r.rid.rsplit("/", 1)[0].rsplit("-", 1)[1])] = r.sampling.seed
+        return await super().generate(requests)
+
+
+async def test_seeded_evaluation_gives_each_task_its_own_draws():
+    """Test task i samples with seed + i: one seed for all would give every task the same noise."""
+    for seed, expected in [(40, {i: 40 + i for i in range(len(REPLIES))}), (None, dict.fromkeys(range(9)))]:
+        sampler = SeedRecordingSampler()
+        sampling = SamplingParams(temperature=1.0, max_new_tokens=4, seed=seed)
+        run = EvalOnTestSplit(
+            lambda: BudgetedEnv(ClassEnv()), TOKENIZER, sampling, size=len(REPLIES), concurrency=4
+        )
+        await run.run(sampler, step=1, time_s=lambda: 1.0)
+        assert sampler.seeds == expected
