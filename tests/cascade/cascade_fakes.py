@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline_fakes import BigramLearner, BigramSampler
 
+from labrl.cli import main
 from labrl.envs import make
 from labrl.envs.types import Task
 from labrl.harness.pipeline import Orchestrator
@@ -88,3 +90,19 @@ def cascade_orchestrator(
         on_eval=evals.append,
     )
     return orch, records, evals
+
+
+#: shrinks a shipped cascade config to two tiny steps for an end-to-end ``labrl train`` test
+SHRINK = [
+    "sft.steps=2", "sft.batch_size=2", "sft.num_prompts=2", "pipeline.total_steps=2",
+    "pipeline.eval_every=2", "pipeline.eval_size=2", "pipeline.batch_groups=1", "pipeline.group_size=2",
+    "pipeline.progress=false",
+]  # fmt: skip
+
+
+def assert_trains_two_steps(config: Path, run_dir: Path, extra: list[str], capsys) -> None:
+    """``labrl train config`` (shrunk) exits 0 after steps 1 and 2 with no env or verifier failure."""
+    assert main(["train", str(config), *SHRINK, f"run_dir={run_dir}", *extra]) == 0, capsys.readouterr()
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[-1]["errors/env_error_total"] == rows[-1]["errors/verifier_failed_total"] == 0

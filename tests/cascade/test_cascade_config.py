@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 
 import pytest
+from cascade_fakes import assert_trains_two_steps
 
-from labrl.cli import main
 from labrl.envs import Action
 from labrl.envs.cascade import CascadeRecord
 from labrl.errors import ConfigError
@@ -16,21 +15,11 @@ from labrl.harness.backends.parts import CASCADE_LEDGER_FILE, make_env_factory
 from labrl.harness.config import load_run_config
 
 CONFIG = Path(__file__).parents[2] / "configs" / "cascade-synthetic.yaml"
-SHRINK = [
-    "sft.steps=2", "sft.batch_size=2", "sft.num_prompts=2", "pipeline.total_steps=2",
-    "pipeline.eval_every=2", "pipeline.eval_size=2", "pipeline.batch_groups=1", "pipeline.group_size=2",
-    "pipeline.progress=false",
-]  # fmt: skip
 
 
 @pytest.mark.slow
 def test_the_cascade_config_trains_end_to_end(tmp_path, capsys):
-    run = tmp_path / "run"
-    overrides = [*SHRINK, f"run_dir={run}"]
-    assert main(["train", str(CONFIG), *overrides]) == 0, capsys.readouterr()
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2]
-    assert rows[-1]["errors/env_error_total"] == rows[-1]["errors/verifier_failed_total"] == 0
+    assert_trains_two_steps(CONFIG, tmp_path / "run", [], capsys)
 
 
 def test_the_run_hands_its_cascade_section_to_the_env(tmp_path):
