@@ -42,7 +42,7 @@ import yaml
 from _torch_threads import parse_with_threads  # beside this script
 
 from labrl.envs import Env, make
-from labrl.harness.backends.parts import build_learner, build_sampler, make_env_factory
+from labrl.harness.backends.parts import EnvFactory, build_learner, build_sampler, make_env_factory
 from labrl.harness.config import build_run_config
 from labrl.harness.pipeline import Orchestrator
 from labrl.harness.rollout.sft import run_sft
@@ -78,6 +78,35 @@ class LatencyEnv(Env):
         await self.inner.close()
 
 
+#: ``LatencyEnv`` in the env registry (``latency_env``), for runs whose envs are made elsewhere (Ray's env workers)
+LATENCY_ENV_ID = "bench/lognormal-latency-v0"
+
+
+class RegisteredLatencyEnv(LatencyEnv):
+    """``LatencyEnv`` under ``LATENCY_ENV_ID``: its tasks carry that id (the registry's wrapper checks it)
+    and reach the inner env (made unchecked) with the inner's id back."""
+
+    def __init__(self, inner_id: str, latency_p50: float, **inner_options) -> None:
+        super().__init__(make(inner_id, checked=False, **inner_options), latency_p50)
+        self.inner_id = inner_id
+        self.spec = self.inner.spec.model_copy(update={"id": LATENCY_ENV_ID})
+
+    def _inner_task(self, task):
+        return task.model_copy(update={"env_id": self.inner_id})
+
+    def make_task(self, split, seed):
+        return self.inner.make_task(split, seed).model_copy(update={"env_id": LATENCY_ENV_ID})
+
+    async def reset(self, task):
+        return await super().reset(self._inner_task(task))
+
+    def gold_actions(self, task):
+        return self.inner.gold_actions(self._inner_task(task))
+
+    def random_action(self, task, rng):
+        return self.inner.random_action(self._inner_task(task), rng)
+
+
 def config(mode: str, args) -> dict:
     """The quickstart's workload (configs/quickstart.yaml) with only mode, length and eval changed."""
     data = yaml.safe_load(QUICKSTART.read_text())
@@ -96,7 +125,12 @@ def config(mode: str, args) -> dict:
 
 async def warm_start(args) -> dict:
     """The quickstart's format-only warm start (random candidates), shared by both modes so they start equal."""
-    cfg = build_run_config(config("sync", args))
+    return await warm_start_from(config("sync", args))
+
+
+async def warm_start_from(data: dict) -> dict:
+    """The warm start (``sft`` section) of the run config ``data``: the learner's weights after it."""
+    cfg = build_run_config(data)
     torch.manual_seed(cfg.seed)
     learner = build_learner(cfg)
     await run_sft(learner.model, make_env_factory(cfg), ByteTokenizer(), cfg.sft, seed=cfg.seed)
@@ -104,11 +138,16 @@ async def warm_start(args) -> dict:
 
 
 async def train(
-    data: dict, latency_p50: float, init_state: dict, run_dir: str | None = None
+    data: dict,
+    latency_p50: float,
+    init_state: dict,
+    run_dir: str | None = None,
+    make_env: EnvFactory | None = None,
 ) -> tuple[Orchestrator, list[dict], float]:
     """Train the run config ``data`` from ``init_state`` on the lognormal-latency env (median
-    ``latency_p50`` s); the orchestrator, its step records and the wall seconds of ``run``.
-    ``run_dir`` (a directory for metrics.jsonl, episodes.jsonl, ...) or none, as ``Orchestrator`` takes it."""
+    ``latency_p50`` s), or on ``make_env``'s envs when given; the orchestrator, its step records and the
+    wall seconds of ``run``. ``run_dir`` (a directory for metrics.jsonl, episodes.jsonl, ...) or none,
+    as ``Orchestrator`` takes it."""
     cfg = build_run_config(data)
     torch.manual_seed(cfg.seed)
     tokenizer = ByteTokenizer()
@@ -118,7 +157,7 @@ async def train(
     records: list[dict] = []
     orch = Orchestrator(
         cfg.pipeline,
-        make_env=lambda: LatencyEnv(make(cfg.env.id, **cfg.env.options), latency_p50),
+        make_env=make_env or (lambda: LatencyEnv(make(cfg.env.id, **cfg.env.options), latency_p50)),
         sampler=sampler, learner=learner, tokenizer=tokenizer,
         sampling=SamplingParams(max_new_tokens=cfg.sampler.max_new_tokens, temperature=1.0),
         seed=cfg.seed, return_routed_experts=True, on_step=records.append, run_dir=run_dir,

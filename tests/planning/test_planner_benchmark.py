@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import importlib
+import json
 import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+import yaml
 
 from labrl.errors import ConfigError
 from labrl.harness.config import load_run_config
@@ -77,24 +81,170 @@ def test_a_run_of_two_steps_has_no_window(tmp_path):
         planner().measure(tmp_path)
 
 
-def test_every_layout_is_calibrated_from_another_layout_s_run():
+def test_every_layout_is_calibrated_from_another_layout_s_run_of_its_workload():
     bench = planner()
-    for name in bench.LAYOUTS:
-        assert bench.calibration_source(name) in bench.LAYOUTS
-        assert bench.calibration_source(name) != name
+    for layouts in bench.WORKLOADS.values():
+        assert {layouts[n].calibrated_from for n in layouts} <= set(layouts)
+        assert all(layout.calibrated_from != name for name, layout in layouts.items())
+        # a Ray layout is predicted from a Ray run, an in-process one from an in-process run
+        assert all(
+            (layouts[lay.calibrated_from].ray is None) == (lay.ray is None) for lay in layouts.values()
+        )
 
 
-def test_the_paper_projection_prints_layouts_train_accepts(tmp_path):
-    planner()  # benchmarks/ on sys.path
-    projection = importlib.import_module("planner_projection")
-    result = projection.project(steps=20, seed=0, out=tmp_path / "projection.json")
-    assert result["experiment"]["sigma"] == 0.5 and result["experiment"]["median_s"] == 3600.0
-    assert [r["budget_gpus"] for r in result["rows"]] == list(projection.BUDGETS)
-    bound = load_run_config(projection.CONFIG, projection.PROJECTION_OVERRIDES).pipeline.max_staleness
-    for row in result["rows"]:
-        cfg = load_run_config(projection.CONFIG, [*projection.PROJECTION_OVERRIDES, *row["overrides"]])
-        # the learner's GPUs and the two servers of TP 2, within the budget
-        assert row["gpus_used"] == cfg.ray.learner_gpus + 4 <= row["budget_gpus"]
-        assert row["wall_hours"] == pytest.approx(1000.0 / row["gpus_used"])
-        assert row["steps_in_budget"] == pytest.approx(row["steps_per_hour"] * row["wall_hours"])
-        assert row["staleness_p99"] <= bound and cfg.pipeline.max_staleness <= bound == 4
+def bench_args(**changes) -> argparse.Namespace:
+    """The script's defaults (``main``'s options), with ``changes``."""
+    values = dict(steps=30, latency_p50=0.2, max_staleness=4, seed=0, sim_steps=300, threads=1, out=None)
+    return argparse.Namespace(**{**values, **changes})
+
+
+def test_every_layout_of_every_workload_is_a_valid_run_config():
+    from labrl.harness.backends.parts import make_env_factory
+    from labrl.harness.config import build_run_config
+
+    bench = planner()
+    bench.register_latency_env()
+    for workload, layouts in bench.WORKLOADS.items():
+        for name, layout in layouts.items():
+            cfg = build_run_config(bench.layout_config(workload, name, bench_args()))
+            assert cfg.pipeline.eval_every == 0 and cfg.pipeline.episode_traces
+            assert cfg.pipeline.total_steps == 30
+            assert cfg.pipeline.max_concurrent_episodes == layout.pipeline["max_concurrent_episodes"]
+            assert cfg.backend == ("inprocess" if layout.ray is None else "ray")
+            env = make_env_factory(cfg)()  # a Ray layout's env workers make the env by its id
+            expected = {
+                "lognormal": "xrd/phase-id-v0",
+                "quickstart": "xrd/phase-id-v0",
+                "lab": "lab/synthesis-v0",
+            }
+            assert env.spec.id == (bench.LATENCY_ENV_ID if layout.ray else expected[workload])
+            if layout.ray is not None:
+                assert cfg.ray.env_workers == layout.ray["env_workers"]
+                assert cfg.env.options["latency_p50"] == 0.2
+
+
+def test_only_the_default_workload_keeps_the_unprefixed_result_files():
+    bench = planner()
+    assert bench.part_name("lognormal", "reference") == "reference"
+    assert bench.part_name("lab", "reference") == "lab_reference"
+    assert bench.default_out("lognormal").name == "planner.json"
+    assert bench.default_out("quickstart").name == "planner_quickstart.json"
+
+
+def test_the_ray_model_adds_the_driver_and_caps_env_slots_at_the_pool():
+    from dataclasses import replace
+
+    from labrl.harness.config import load_run_config
+    from labrl.harness.planning.figures import load_figures
+    from labrl.harness.planning.model import Layout
+
+    bench = planner()
+    lay = Layout(sampler_tokens_per_s=100.0, kv_slots=4, env_slots=16, learner_step_s=1.0,
+                 batch_groups=2, group_size=4, max_staleness=4, max_concurrent_episodes=16)  # fmt: skip
+    lab = load_run_config(bench.LAB)
+    assert bench.ray_model(lab, lay) is lay  # in-process: unchanged
+    driver_s = load_figures()["driver_s_per_episode"].value
+    # the lab env's pool is 8 calls per process: one env worker holds 8 of the 16 episodes' calls
+    ray_lab = load_run_config(bench.LAB, ["backend=ray", "ray.env_workers=1"])
+    assert bench.ray_model(ray_lab, lay) == replace(lay, env_slots=8, driver_s_per_episode=driver_s)
+    ray_lab = load_run_config(bench.LAB, ["backend=ray", "ray.env_workers=4"])
+    assert bench.ray_model(ray_lab, lay).env_slots == 16
+
+
+def layout_part(bench, tmp_path, monkeypatch, workload: str, name: str) -> dict:
+    """Layout ``name`` of ``workload`` trained 2 steps through ``run_layout``, its parts under ``tmp_path``.
+    The warm starts are cut: none in-process (the untrained model), 2 SFT steps in a Ray learner actor;
+    so every group is trained (no dynamic sampling, whitened advantages), as no answer is right yet."""
+
+    async def no_warm_start(*_):
+        return {}
+
+    layout_config = bench.layout_config
+
+    def untrained(*a):
+        data = layout_config(*a)
+        data["pipeline"].update(dynamic_sampling=False, retry_all_wrong=0)
+        return {
+            **data,
+            "sft": {**data["sft"], "steps": 2},
+            "objective": {**data["objective"], "advantages": "whiten"},
+        }
+
+    monkeypatch.setattr(bench, "PARTS", tmp_path)
+    monkeypatch.setattr(bench, "warm_start", no_warm_start)
+    monkeypatch.setattr(bench, "warm_start_from", no_warm_start)
+    monkeypatch.setattr(bench, "layout_config", untrained)
+    asyncio.run(bench.run_layout(workload, name, bench_args(steps=2, latency_p50=0.01)))
+    stem = bench.part_name(workload, name)
+    part = json.loads((tmp_path / f"{stem}.json").read_text())
+    assert (part["workload"], part["layout"], part["steps"]) == (workload, name, 2)
+    assert len(part["load_start"]) == 3 and len(part["load_end"]) == 3 and part["wall_s"] > 0
+    steps = [r["step"] for r in bench.step_records(tmp_path / stem)]
+    assert steps == [1, 2]
+    traces = [json.loads(line) for line in (tmp_path / stem / "episodes.jsonl").read_text().splitlines()]
+    p = part["config"]["pipeline"]
+    assert sum(t["fate"] == "trained" for t in traces) == 2 * p["batch_groups"] * p["group_size"]
+    return part
+
+
+@pytest.mark.parametrize("workload", ["lognormal", "quickstart", "lab"])
+def test_a_two_step_run_of_each_workload(tmp_path, monkeypatch, workload):
+    bench = planner()
+    bench.register_latency_env()
+    part = layout_part(bench, tmp_path, monkeypatch, workload, "reference")
+    expected = {"lognormal": "xrd/phase-id-v0", "quickstart": "xrd/phase-id-v0", "lab": "lab/synthesis-v0"}
+    assert part["config"]["env"]["id"] == expected[workload]
+    stem = "lab_warm_start" if workload == "lab" else "warm_start"
+    assert (tmp_path / f"{stem}_seed0.pt").exists()  # kept for the workload's next layout
+
+
+@pytest.mark.slow
+def test_a_two_step_run_under_ray(tmp_path, monkeypatch):
+    pytest.importorskip("ray")
+    import ray
+
+    if ray.is_initialized():
+        pytest.skip("a Ray of another test is up; the script starts its own")
+    bench = planner()
+    bench.register_latency_env()
+    part = layout_part(bench, tmp_path, monkeypatch, "lognormal", "ray_s1_c32_w4")
+    assert part["config"]["backend"] == "ray" and part["config"]["env"]["id"] == bench.LATENCY_ENV_ID
+
+
+def write_part(bench, workload: str, name: str, config: dict) -> None:
+    stem = bench.part_name(workload, name)
+    part = {"workload": workload, "layout": name, "config": config, "wall_s": 35.0,
+            "load_start": [1.0, 1.0, 1.0], "load_end": [2.0, 2.0, 2.0], "steps": 7}  # fmt: skip
+    (bench.PARTS / f"{stem}.json").write_text(json.dumps(part))
+
+
+def test_merge_compares_the_runs_here_and_keeps_the_rows_of_runs_elsewhere(tmp_path, monkeypatch):
+    bench = planner()
+    monkeypatch.setattr(bench, "PARTS", tmp_path)
+    config = yaml.safe_load(CONFIG.read_text())
+    # quickstart: both layouts' runs here (each the fixture run), so each is compared
+    for name in bench.WORKLOADS["quickstart"]:
+        write_part(bench, "quickstart", name, config)
+        shutil.copytree(RUN, tmp_path / bench.part_name("quickstart", name))
+    out = tmp_path / "quickstart.json"
+    bench.merge("quickstart", bench_args(out=str(out), sim_steps=100))
+    merged = json.loads(out.read_text())
+    assert [r["layout"] for r in merged["layouts"]] == list(bench.WORKLOADS["quickstart"]) and not merged[
+        "missing"
+    ]
+    row = merged["layouts"][0]
+    assert row["measured"] == bench.measure(RUN) and row["load_start"] == [1.0, 1.0, 1.0]
+    # lognormal: a part whose run directory is not here keeps the previous merge's row (the committed
+    # results/planner.json here); the layouts without a part are missing
+    committed = json.loads((BENCHMARKS / "results" / "planner.json").read_text())
+    by_name = {r["layout"]: r for r in committed["layouts"]}
+    write_part(bench, "lognormal", "reference", config)
+    write_part(bench, "lognormal", "s1_c64", config)
+    out = tmp_path / "lognormal.json"
+    out.write_text(json.dumps(committed))
+    bench.merge("lognormal", bench_args(out=str(out)))
+    merged = json.loads(out.read_text())
+    assert merged["layouts"] == [
+        {**by_name[n], "kept_from_previous_merge": True} for n in ("reference", "s1_c64")
+    ]
+    assert set(merged["missing"]) == set(bench.WORKLOADS["lognormal"]) - {"reference", "s1_c64"}
