@@ -89,7 +89,10 @@ def mean_batches(windows: Sequence[GenerationWindow], slots: int) -> list[float]
         [(w.start_s, 1) for w in windows] + [(w.start_s + w.seconds, -1) for w in windows],
         key=lambda e: (e[0], e[1]),
     )
-    times, levels, area = [], [], [0.0]  # level on [times[i], times[i + 1]); area up to times[i]
+    # level on [times[i], times[i + 1]); area: the integral up to times[i]
+    times: list[float] = []
+    levels: list[int] = []
+    area = [0.0]
     open_now = 0
     for t, delta in events:
         if times and t == times[-1]:
@@ -115,7 +118,9 @@ def mean_batches(windows: Sequence[GenerationWindow], slots: int) -> list[float]
     return out
 
 
-def fixed_rate(windows: Sequence[GenerationWindow], reason: str, batch_range=(0.0, 0.0)) -> DecodeFit:
+def fixed_rate(
+    windows: Sequence[GenerationWindow], reason: str, batch_range: tuple[float, float] = (0.0, 0.0)
+) -> DecodeFit:
     """``a = sum g / sum n``, ``c = 0``: one sequence's mean rate as the run saw it, whatever the batch."""
     tokens = sum(w.tokens for w in windows)
     seconds = sum(w.seconds for w in windows)
