@@ -24,7 +24,7 @@ the ceilings on the episode rate ``X`` (episodes started per second) are
                   (at most kv_slots sequences decode at once; b / t(b) grows with b)
     env workers:  X_E = env_slots / e           (at most env_slots env calls at once)
     in flight:    X_N = N / (k m t(b_N) + e)    (Little's law, N episodes open at once)
-    driver:       X_D = 1 / c                   (the orchestrator's CPU seconds c per episode, when given)
+    driver:       X_D = 1 / c_D                 (the orchestrator's CPU seconds c_D per episode, when given)
 
     N = G floor(min(max_concurrent_episodes, G n_adm) / G)
 
@@ -114,7 +114,7 @@ class Layout:
     group_size: int  # G
     max_staleness: int  # S (the effective bound: sync 0, one_step_off 1)
     max_concurrent_episodes: int
-    # c: the driver's CPU seconds per finished episode (collate, buffer, metrics; one process);
+    # c_D: the driver's CPU seconds per finished episode (collate, buffer, metrics; one process);
     # 0 leaves the driver out
     driver_s_per_episode: float = 0.0
     # c: what each sequence decoding adds to a decode step's seconds (``decode``); 0 the fixed rate
