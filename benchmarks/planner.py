@@ -15,9 +15,10 @@ in-process from the workload's cached warm start, under Ray through ``labrl trai
 local Ray (its learner actor runs the config's warm start itself). The planner (``harness/planning``)
 is calibrated from a *different* run of the same workload (``BenchLayout.calibrated_from``: a Ray
 layout from the other Ray run) and predicts the layout as ``labrl plan`` does: ``kv_slots``,
-``layout_of``, the closed form and ``--sim-steps`` simulated steps; a Ray layout also with the
-planner's Ray model (``ray_model``: the driver's CPU seconds per episode, env slots capped at
-``ray.env_workers x`` the env's pool). ``compare`` sets the prediction beside what the run measured,
+``calibrate_sampler`` (the batched decoder fitted on the calibrating run's generations, or the fixed
+rate where it falls back), ``layout_of``, the closed form and ``--sim-steps`` simulated steps; a Ray
+layout also with the planner's Ray model (``plan.ray_model``: the driver's CPU seconds per episode,
+env slots capped at ``ray.env_workers x`` the env's pool), as ``labrl plan --from-run`` has it. ``compare`` sets the prediction beside what the run measured,
 after its first tenth of steps (the simulator's warm-up); ``--merge`` adds the prediction calibrated
 from the run itself, which separates the model's error from the calibration's failure to carry over
 between runs:
@@ -57,7 +58,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,8 +81,8 @@ from labrl.harness.pipeline.traces import EPISODES_FILE, read_episode_traces
 from labrl.harness.planning.budget import env_pool_of
 from labrl.harness.planning.calibrate import calibrate_run
 from labrl.harness.planning.figures import load_figures
-from labrl.harness.planning.model import Layout, steady_state, sync_steps_per_s
-from labrl.harness.planning.plan import kv_slots, layout_of
+from labrl.harness.planning.model import steady_state, sync_steps_per_s
+from labrl.harness.planning.plan import calibrate_sampler, layout_of, ray_model
 from labrl.harness.planning.simulate import simulate
 
 RESULTS = Path(__file__).parent / "results"
@@ -197,12 +198,15 @@ def predict(cfg: RunConfig, reference_dir: Path, *, sim_steps: int, seed: int = 
     """``cfg``'s layout as ``labrl plan`` predicts it, calibrated from ``reference_dir``."""
     episodes, machines = calibrate_run(reference_dir)
     p = cfg.pipeline
-    slots = kv_slots(cfg, machines, episodes)
+    sampler = calibrate_sampler(cfg, machines, episodes)
+    pool = env_pool_of(make_env_factory(cfg)().spec.budgets) if cfg.backend == "ray" else None
     lay = ray_model(
         cfg,
         layout_of(
-            cfg, machines, slots, staleness=p.effective_max_staleness, concurrency=p.max_concurrent_episodes
+            cfg, machines, sampler, staleness=p.effective_max_staleness, concurrency=p.max_concurrent_episodes
         ),
+        pool=pool,
+        driver_s_per_episode=load_figures()["driver_s_per_episode"].value,
     )
     workload = episodes.workload()
     closed = steady_state(workload, lay)
@@ -217,9 +221,18 @@ def predict(cfg: RunConfig, reference_dir: Path, *, sim_steps: int, seed: int = 
         "staleness_p99": sim.staleness_p99,
         "calibration": {
             "learner_step_s": machines.learner_step_s,
-            "sampler_tokens_per_s": machines.sampler_tokens_per_s,
+            "sampler_tokens_per_s": lay.sampler_tokens_per_s,
+            "sampler_tokens_per_s_measured": machines.sampler_tokens_per_s,
             "decode_tokens_per_s": episodes.decode_tokens_per_s,
-            "kv_slots": slots,
+            "decode_fit": {
+                "a_s": sampler.fit.step_s,
+                "c_s": sampler.fit.per_sequence_s,
+                "fitted": sampler.fit.fitted,
+                "reason": sampler.fit.reason,
+            },
+            "decoding_model": closed.decoding,
+            "sequence_tokens_per_s_model": closed.sequence_tokens_per_s,
+            "kv_slots": lay.kv_slots,
             "keep_rate": workload.keep_rate,
             "env_s_per_episode": workload.env_s_per_episode,
             "tokens_per_episode": workload.tokens_per_episode,
@@ -227,19 +240,6 @@ def predict(cfg: RunConfig, reference_dir: Path, *, sim_steps: int, seed: int = 
             "driver_s_per_episode": lay.driver_s_per_episode,
         },
     }
-
-
-def ray_model(cfg: RunConfig, lay: Layout) -> Layout:
-    """Under ``backend=ray``, what the planner's Ray layouts add to a calibrated layout (``budget.layout_for``):
-    the driver, one server of the recorded CPU seconds per episode (``figures``: ``ray_scaling.py``'s), and
-    env slots ``min(max_concurrent_episodes, ray.env_workers x min(pool))`` when the env declares a pool.
-    In-process layouts are returned as they are."""
-    if cfg.backend != "ray":
-        return lay
-    pool = env_pool_of(make_env_factory(cfg)().spec.budgets)
-    slots = lay.env_slots if pool is None else min(lay.env_slots, cfg.ray.env_workers * pool)
-    driver_s = load_figures()["driver_s_per_episode"].value
-    return replace(lay, env_slots=slots, driver_s_per_episode=driver_s)
 
 
 def errors(predicted: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:

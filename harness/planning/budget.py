@@ -30,7 +30,7 @@ once, lower p99.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -41,7 +41,7 @@ from labrl.harness.config import RunConfig
 from labrl.harness.pipeline.config import MAX_CONCURRENT_EPISODES
 from labrl.harness.planning.figures import Figure
 from labrl.harness.planning.model import Layout, steady_state
-from labrl.harness.planning.plan import STALENESS_CHOICES, PlannedLayout, run_layout
+from labrl.harness.planning.plan import STALENESS_CHOICES, PlannedLayout, env_slot_cap, run_layout, with_knobs
 from labrl.harness.planning.priors import Hardware, prior_layout, sglang_servers
 from labrl.harness.planning.simulate import EpisodeModel
 
@@ -173,12 +173,11 @@ def candidates(cfg: RunConfig, budget: Budget, env_pool: int | None) -> list[Can
 
 def layout_for(cfg: RunConfig, cand: Candidate, figures: dict[str, Figure], env_pool: int | None) -> Layout:
     """``cand`` on the machines of ``priors``; env slots ``min(cap, env_workers x pool)`` (module docstring)."""
-    cap = cand.concurrency if env_pool is None else min(cand.concurrency, cand.env_workers * env_pool)
-    return replace(
+    return with_knobs(
         prior_layout(cfg, figures, cand.hardware),
-        max_staleness=cand.staleness,
-        max_concurrent_episodes=cand.concurrency,
-        env_slots=cap,
+        staleness=cand.staleness,
+        concurrency=cand.concurrency,
+        env_slot_cap=env_slot_cap(cand.env_workers, env_pool),
     )
 
 

@@ -9,7 +9,10 @@ From ``episodes.jsonl`` (``pipeline.traces``), over every episode with a line:
   the simulator replays whole (``EpisodeModel``), keeping the correlation of a group's
   episodes (one task) and of an episode's calls;
 - ``decode_tokens_per_s`` ``r = sum(generated_tokens) / sum(generation_s)``: one sequence's
-  rate as the run saw it, its sampler's contention included;
+  mean rate as the run saw it, its sampler's contention included;
+- ``windows``: every policy turn's generation with its start (``decode.generation_windows``),
+  from which ``decode.fit_decode`` fits the decode step ``t(b) = a + c b`` (``plan.calibrate_sampler``:
+  the fit needs the sampler's slots, a config's);
 - ``keep_rate`` = kept groups / groups with a line (a group is kept when any episode of it
   was trained or masked).
 
@@ -19,7 +22,8 @@ From ``metrics.jsonl`` (its last record ``L`` and the mean over records):
   never resumed; a resumed one scales the last process's busy fraction to the whole run);
 - ``sampler_tokens_per_s`` ``R = mean(throughput/tokens_per_s) / L[busy/sampler]``: the rate the
   sampler would sustain busy all the time (``mean`` alone where the sampler reports no busy
-  time); ``kv_slots = max(1, round(R / r))`` then makes ``R = kv_slots x r`` as the model has it.
+  time); used where the decode fit falls back to the fixed rate: ``kv_slots = max(1, round(R / r))``
+  then makes ``R = kv_slots x r`` as the model has it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 from labrl.errors import ConfigError
 from labrl.harness.metrics import read_jsonl
 from labrl.harness.pipeline.traces import EPISODES_FILE, read_episode_traces
+from labrl.harness.planning.decode import GenerationWindow, generation_windows
 from labrl.harness.planning.draws import Empirical
 from labrl.harness.planning.model import Workload
 from labrl.harness.planning.simulate import EpisodeModel, TracedEpisode
@@ -44,6 +49,7 @@ class EpisodeCalibration:
     decode_tokens_per_s: float
     episodes: int
     groups: int
+    windows: tuple[GenerationWindow, ...] = ()
 
     def workload(self) -> Workload:
         """The means the closed form takes; an episode makes ``turns + 1`` env calls (the reset)."""
@@ -78,7 +84,9 @@ def calibrate_episodes(records: list[dict[str, Any]]) -> EpisodeCalibration:
         keep_rate=sum(groups.values()) / len(groups),
         groups=tuple(tuple(m) for m in members.values()),
     )
-    return EpisodeCalibration(episode, sum(tokens) / seconds, len(records), len(groups))
+    return EpisodeCalibration(
+        episode, sum(tokens) / seconds, len(records), len(groups), tuple(generation_windows(played))
+    )
 
 
 def calibrate_machines(metrics: list[dict[str, Any]]) -> MachineCalibration:

@@ -8,33 +8,45 @@ knobs). With
 
 - ``G`` episodes per group, ``B`` groups per batch, ``p`` the true keep rate
   (dynamic sampling keeps a fraction ``p`` of finished groups),
-- ``k`` turns per episode, ``m`` generated tokens per turn, ``r`` the decode rate of
-  one sequence (tokens/s), ``e`` mean env seconds per episode (reset + ``k`` steps),
-- ``t_gen = k m / r`` and ``T = t_gen + e`` the mean episode duration,
-- ``R`` the sampler's aggregate tokens/s, ``D`` the learner's seconds per step,
+- ``k`` turns per episode, ``m`` generated tokens per turn, ``e`` mean env seconds per episode
+  (reset + ``k`` steps),
+- the sampler a batched decoder (``decode``): a decode step over ``b`` sequences takes
+  ``t(b) = a + c b`` seconds, ``b`` at most ``kv_slots``; ``R = kv_slots / t(kv_slots)`` its tokens/s
+  with every slot busy, and ``a = kv_slots / R - c kv_slots``. ``c = 0`` (the default) is the fixed
+  rate: every sequence decodes at ``r = R / kv_slots`` whatever the batch,
+- ``b`` the sequences decoding at once in the steady state, ``t_gen = k m t(b)`` and
+  ``T = t_gen + e`` the mean episode duration, ``D`` the learner's seconds per step,
 
 the ceilings on the episode rate ``X`` (episodes started per second) are
 
     learner:      X_L = B G / (p D)             (the learner never idles)
-    sampler:      X_S = kv_slots / t_gen = R / (k m)
-                  (at most kv_slots sequences decode at once, each at r = R / kv_slots)
+    sampler:      X_S = kv_slots / (k m t(kv_slots)) = R / (k m)
+                  (at most kv_slots sequences decode at once; b / t(b) grows with b)
     env workers:  X_E = env_slots / e           (at most env_slots env calls at once)
-    in flight:    X_N = N / T                   (Little's law, N episodes open at once)
-    driver:       X_D = 1 / c                   (the orchestrator's CPU seconds c per episode, when given)
+    in flight:    X_N = N / (k m t(b_N) + e)    (Little's law, N episodes open at once)
+    driver:       X_D = 1 / c_D                 (the orchestrator's CPU seconds c_D per episode, when given)
 
     N = G floor(min(max_concurrent_episodes, G n_adm) / G)
 
 with ``n_adm`` the groups admission lets run at once (``admission_inflight_groups``; a
-group's episodes start together, so ``N`` counts whole groups). The steady state is
+group's episodes start together, so ``N`` counts whole groups). The sequences decoding at once
+follow from Little's law over the decoding sequences, ``b = X k m t(b)``: with the ``N`` open
+episodes binding (``X = N / (k m t(b) + e)``) ``b_N`` is the positive root of
+
+    k m c b^2 + (k m a + e - N k m c) b - N k m a = 0      (c = 0: b_N = N k m a / (k m a + e))
+
+and at a rate ``X`` set by another ceiling ``b = X k m a / (1 - X k m c)``; both at most ``kv_slots``.
+The steady state is
 
     X = min(X_L, X_S, X_E, X_N, X_D),   steps/s = p X / (B G)
 
-and the component whose ceiling is least *binds first* (``N``'s ceiling is named
+(``X_N`` the only ceiling that depends on ``b``, and it falls as ``b`` grows, so when another ceiling
+binds the smaller ``b`` there only raises ``X_N``: the order holds) and the component whose ceiling is least *binds first* (``N``'s ceiling is named
 ``admission`` or ``max_concurrent_episodes``, whichever is smaller). Invariants (tested):
 
 - flow balance: ``steps/s x B x G / p == X``;
 - utilisations in [0, 1]: learner busy ``= steps/s x D``, learner idle ``= 1 - steps/s x D``,
-  sampler busy ``= X k m / R``, env busy ``= X e / env_slots``;
+  sampler busy ``= b / kv_slots`` (``= X k m / R`` when ``c = 0``), env busy ``= X e / env_slots``;
 - Little's law over the open episodes: the producer keeps ``N`` episodes open whenever
   admission and ``max_concurrent_episodes`` are its only gates, so an episode is open for
   ``N / X >= T`` seconds (``T`` when the in-flight cap binds; more when episodes queue at the
@@ -102,9 +114,11 @@ class Layout:
     group_size: int  # G
     max_staleness: int  # S (the effective bound: sync 0, one_step_off 1)
     max_concurrent_episodes: int
-    # c: the driver's CPU seconds per finished episode (collate, buffer, metrics; one process);
+    # c_D: the driver's CPU seconds per finished episode (collate, buffer, metrics; one process);
     # 0 leaves the driver out
     driver_s_per_episode: float = 0.0
+    # c: what each sequence decoding adds to a decode step's seconds (``decode``); 0 the fixed rate
+    decode_per_sequence_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.sampler_tokens_per_s <= 0 or self.learner_step_s <= 0 or self.driver_s_per_episode < 0:
@@ -124,10 +138,32 @@ class Layout:
             )
         if self.max_staleness < 0:
             raise ConfigError(f"max_staleness must be >= 0 (got {self.max_staleness})")
+        # a = kv / R - c kv >= 0 (to rounding): c kv alone may not make a full step slower than kv / R
+        if (
+            self.decode_per_sequence_s < 0
+            or self.decode_per_sequence_s * self.sampler_tokens_per_s > 1 + 1e-9
+        ):
+            raise ConfigError(
+                f"decode_per_sequence_s must be in [0, 1 / sampler_tokens_per_s] (got {self.decode_per_sequence_s})"
+            )
+
+    @property
+    def decode_fixed_s(self) -> float:
+        """``a = kv_slots / R - c kv_slots``: a decode step's seconds that no sequence adds."""
+        c, kv = self.decode_per_sequence_s, self.kv_slots
+        return max(0.0, kv / self.sampler_tokens_per_s - c * kv)
+
+    def decode_step_s(self, decoding: float) -> float:
+        """``t(max(b, 1))`` for ``b`` sequences decoding, ``b`` capped at ``kv_slots`` (a decoding sequence is in
+        the batch itself; more wait for a slot). ``c = 0``: ``kv_slots / R = 1 / r`` whatever ``b``."""
+        c = self.decode_per_sequence_s
+        if c == 0:
+            return 1.0 / self.decode_tokens_per_s
+        return self.decode_fixed_s + c * min(max(decoding, 1.0), self.kv_slots)
 
     @property
     def decode_tokens_per_s(self) -> float:
-        """``r``: one sequence's decode rate when every KV slot is busy, ``R / kv_slots``."""
+        """``r = R / kv_slots``: one sequence's decode rate when every KV slot is busy."""
         return self.sampler_tokens_per_s / self.kv_slots
 
 
@@ -168,6 +204,13 @@ class SteadyState:
     binding: str  # one of BINDINGS: the least ceiling
     ceilings: dict[str, float]  # episodes/s each component allows
     admission_groups: int  # n_adm (learner busy)
+    decoding: float  # b: sequences decoding at once
+    step_s: float  # t(b): one decode step's seconds in the steady state
+
+    @property
+    def sequence_tokens_per_s(self) -> float:
+        """One sequence's decode rate in the steady state, ``1 / t(b)``."""
+        return 1.0 / self.step_s
 
     @property
     def learner_idle(self) -> float:
@@ -188,8 +231,7 @@ def steady_state(workload: Workload, layout: Layout) -> SteadyState:
     """The closed form of the module docstring."""
     w, lay = workload, layout
     G, B, p = lay.group_size, lay.batch_groups, w.keep_rate
-    t_gen = w.tokens_per_episode / lay.decode_tokens_per_s
-    T = t_gen + w.env_s_per_episode
+    km, e = w.tokens_per_episode, w.env_s_per_episode
     n_adm = admission_inflight_groups(lay.max_staleness, B, admission_keep_rate(p), learner_busy=True)
     if lay.max_staleness == 0:
         # sync admits only while the learner is idle, a batch at a time: the busy cap would be 0
@@ -197,37 +239,77 @@ def steady_state(workload: Workload, layout: Layout) -> SteadyState:
     caps = {"max_concurrent_episodes": lay.max_concurrent_episodes, "admission": G * n_adm}
     cap_name = min(caps, key=lambda k: caps[k])
     N = G * (caps[cap_name] // G)
+    b_open = decoding_when_open_bind(N, km, e, lay)
     ceilings = {
         "learner": B * G / (p * lay.learner_step_s),
-        "sampler": lay.sampler_tokens_per_s / w.tokens_per_episode,
-        "env_workers": lay.env_slots / w.env_s_per_episode if w.env_s_per_episode > 0 else math.inf,
-        cap_name: N / T,
+        "sampler": lay.sampler_tokens_per_s / km,
+        "env_workers": lay.env_slots / e if e > 0 else math.inf,
+        cap_name: N / (km * lay.decode_step_s(b_open) + e),
     }
     if lay.driver_s_per_episode > 0:
         ceilings["driver"] = 1.0 / lay.driver_s_per_episode
     binding = min(ceilings, key=lambda k: ceilings[k])
     X = ceilings[binding]
+    b = b_open if binding == cap_name else decoding_at_rate(X, km, lay)
     if lay.max_staleness == 0:  # sync: generate a batch, then train it; the two never overlap
         sync = sync_steps_per_s(w, lay) * B * G / p
         if sync < X:
             X, binding = sync, "admission"
+            b = sync_decoding(lay)
+    step_s = lay.decode_step_s(b)
     steps = p * X / (B * G)
     return SteadyState(
         episodes_per_s=X,
         steps_per_s=steps,
-        episode_s=T,
+        episode_s=km * step_s + e,
         open_episodes=N,
         learner_busy=steps * lay.learner_step_s,
-        sampler_busy=X * w.tokens_per_episode / lay.sampler_tokens_per_s,
-        env_busy=X * w.env_s_per_episode / lay.env_slots,
+        sampler_busy=X * km * step_s / lay.kv_slots,
+        env_busy=X * e / lay.env_slots,
         binding=binding,
         ceilings=ceilings,
         admission_groups=n_adm,
+        decoding=b,
+        step_s=step_s,
+    )
+
+
+def decoding_when_open_bind(open_episodes: int, tokens: float, env_s: float, layout: Layout) -> float:
+    """``b_N``: the sequences decoding at once when ``N`` open episodes set the rate, each decoding
+    ``k m t(b)`` of its ``k m t(b) + e`` seconds; the positive root of the module docstring's quadratic,
+    at most ``kv_slots``."""
+    N, km, e = open_episodes, tokens, env_s
+    a, c = layout.decode_fixed_s, layout.decode_per_sequence_s
+    if c == 0:
+        b = N * km / (km + e * layout.decode_tokens_per_s)  # N k m a / (k m a + e), a = 1 / r
+    else:
+        A, Bq = km * c, km * a + e - N * km * c
+        b = (-Bq + math.sqrt(Bq * Bq + 4 * A * N * km * a)) / (2 * A)
+    return min(b, float(layout.kv_slots))
+
+
+def decoding_at_rate(episodes_per_s: float, tokens: float, layout: Layout) -> float:
+    """``b = X k m t(b)`` solved for ``b``: ``X k m a / (1 - X k m c)``, at most ``kv_slots`` (all of them
+    when ``X k m c >= 1``: the sampler cannot keep up below a full batch)."""
+    load = episodes_per_s * tokens
+    a, c = layout.decode_fixed_s, layout.decode_per_sequence_s
+    if c == 0:
+        return min(load / layout.decode_tokens_per_s, float(layout.kv_slots))
+    if load * c >= 1:
+        return float(layout.kv_slots)
+    return min(load * a / (1 - load * c), float(layout.kv_slots))
+
+
+def sync_decoding(layout: Layout) -> float:
+    """``sync``'s batch decodes together: ``min(kv_slots, B G, max_concurrent_episodes)`` sequences."""
+    return float(
+        min(layout.kv_slots, layout.batch_groups * layout.group_size, layout.max_concurrent_episodes)
     )
 
 
 def sync_steps_per_s(workload: Workload, layout: Layout) -> float:
     """``sync`` with deterministic times and the whole batch in flight at once: one round per ``T + D``
-    (generate the batch, then train it); with keep rate ``p`` a batch takes ``1 / p`` rounds on average."""
-    T = workload.tokens_per_episode / layout.decode_tokens_per_s + workload.env_s_per_episode
+    (generate the batch, then train it); with keep rate ``p`` a batch takes ``1 / p`` rounds on average.
+    ``T = k m t(b) + e`` with the batch decoding together (``sync_decoding``)."""
+    T = workload.tokens_per_episode * layout.decode_step_s(sync_decoding(layout)) + workload.env_s_per_episode
     return workload.keep_rate / (T + layout.learner_step_s)

@@ -9,9 +9,11 @@ learner, the sampler and the env slots, the staleness p50 / p99, the component t
 first, and flags a layout whose staleness p99 exceeds the config's bound
 (``effective_max_staleness``).
 
-The machine side comes from a calibrating run (``calibrate``: the learner's seconds per
-step, the sampler's tokens/s ``R`` and per-sequence rate ``r``; the sampler's slots are
-``R / r``, capped by ``sampler.local.max_batch_size`` for the local sampler), or without one
+The machine side comes from a calibrating run (``calibrate``: the learner's seconds per step;
+``calibrate_sampler``: for the local sampler its slots ``sampler.local.max_batch_size`` (x
+``ray.samplers`` under Ray) and the decode step ``t(b) = a + c b`` fitted on the run's generations
+(``decode``), ``R = slots / t(slots)``; where the fit falls back, or for SGLang, the fixed rate: the
+sampler's measured tokens/s ``R``, per-sequence rate ``r``, slots ``R / r`` capped as above), or without one
 from ``priors`` (``base``, the config's own layout). Env calls run as the harness runs them:
 one per open episode, so env slots are the layout's ``max_concurrent_episodes``, at most
 ``env_slot_cap`` (the env's pool) when given. ``budget`` searches Ray layouts instead.
@@ -25,6 +27,7 @@ from typing import Any
 from labrl.harness.config import RunConfig
 from labrl.harness.pipeline.config import MAX_CONCURRENT_EPISODES
 from labrl.harness.planning.calibrate import EpisodeCalibration, MachineCalibration
+from labrl.harness.planning.decode import DecodeFit, fit_decode
 from labrl.harness.planning.model import Layout, SteadyState, steady_state
 from labrl.harness.planning.simulate import EpisodeModel, SimResult, simulate
 
@@ -48,25 +51,65 @@ class PlannedLayout:
         return [f"{k}={v}" for k, v in self.overrides.items()]
 
 
+@dataclass(frozen=True)
+class SamplerCalibration:
+    """The sampler a run calibrates: its slots, tokens/s with all busy ``R``, the decode step's ``c``, the fit."""
+
+    kv_slots: int
+    tokens_per_s: float
+    per_sequence_s: float
+    fit: DecodeFit
+
+
+def sampler_slot_cap(cfg: RunConfig) -> int | None:
+    """The sequences the local sampler(s) decode at once: ``max_batch_size`` (x ``ray.samplers`` under Ray);
+    ``None`` for SGLang, whose servers' slots labrl does not set."""
+    if cfg.sampler.kind != "local":
+        return None
+    samplers = cfg.ray.samplers if cfg.backend == "ray" else 1
+    return cfg.sampler.local.max_batch_size * samplers
+
+
 def kv_slots(cfg: RunConfig, machines: MachineCalibration, episodes: EpisodeCalibration) -> int:
-    """``R / r`` rounded, at least 1; at most ``sampler.local.max_batch_size`` for the local sampler."""
+    """The fixed rate's slots: ``R / r`` rounded, at least 1, at most ``sampler_slot_cap``."""
     slots = max(1, round(machines.sampler_tokens_per_s / episodes.decode_tokens_per_s))
-    return min(slots, cfg.sampler.local.max_batch_size) if cfg.sampler.kind == "local" else slots
+    cap = sampler_slot_cap(cfg)
+    return slots if cap is None else min(slots, cap)
+
+
+def calibrate_sampler(
+    cfg: RunConfig, machines: MachineCalibration, episodes: EpisodeCalibration
+) -> SamplerCalibration:
+    """The batched decoder fitted on the run's generations over ``sampler_slot_cap`` slots, with
+    ``R = slots / t(slots)``; where the fit falls back (``DecodeFit.fitted``) or the sampler is SGLang, the
+    fixed rate: ``kv_slots`` and the measured ``R``, ``c = 0``."""
+    cap = sampler_slot_cap(cfg)
+    windows = episodes.windows
+    fit = fit_decode(windows, cap if cap is not None else max(1, len(windows)))
+    if cap is not None and fit.fitted:
+        return SamplerCalibration(cap, fit.sampler_tokens_per_s(cap), fit.per_sequence_s, fit)
+    return SamplerCalibration(kv_slots(cfg, machines, episodes), machines.sampler_tokens_per_s, 0.0, fit)
 
 
 def layout_of(
-    cfg: RunConfig, machines: MachineCalibration, slots: int, *, staleness: int, concurrency: int
+    cfg: RunConfig,
+    machines: MachineCalibration,
+    sampler: SamplerCalibration,
+    *,
+    staleness: int,
+    concurrency: int,
 ) -> Layout:
     p = cfg.pipeline
     return Layout(
-        sampler_tokens_per_s=machines.sampler_tokens_per_s,
-        kv_slots=slots,
+        sampler_tokens_per_s=sampler.tokens_per_s,
+        kv_slots=sampler.kv_slots,
         env_slots=concurrency,
         learner_step_s=machines.learner_step_s,
         batch_groups=p.batch_groups,
         group_size=p.group_size,
         max_staleness=staleness,
         max_concurrent_episodes=concurrency,
+        decode_per_sequence_s=sampler.per_sequence_s,
     )
 
 
@@ -75,6 +118,27 @@ def with_knobs(base: Layout, *, staleness: int, concurrency: int, env_slot_cap: 
     ``env_slot_cap`` at once (an env's pool, ``budgets.pools``) when given."""
     env_slots = concurrency if env_slot_cap is None else min(concurrency, env_slot_cap)
     return replace(base, max_staleness=staleness, max_concurrent_episodes=concurrency, env_slots=env_slots)
+
+
+def env_slot_cap(env_workers: int, pool: int | None) -> int | None:
+    """The env calls ``env_workers`` processes run at once: ``env_workers x min(pool)``; ``None`` (no cap)
+    when the env declares no pool (``budget.env_pool_of``)."""
+    return None if pool is None else env_workers * pool
+
+
+def ray_model(cfg: RunConfig, lay: Layout, *, pool: int | None, driver_s_per_episode: float) -> Layout:
+    """Under ``backend=ray``, what a Ray run adds to ``lay``: the driver, one server of ``driver_s_per_episode``
+    CPU seconds per finished episode, and env slots capped at ``env_slot_cap(ray.env_workers, pool)``.
+    In-process layouts are returned as they are."""
+    if cfg.backend != "ray":
+        return lay
+    capped = with_knobs(
+        lay,
+        staleness=lay.max_staleness,
+        concurrency=lay.max_concurrent_episodes,
+        env_slot_cap=env_slot_cap(cfg.ray.env_workers, pool),
+    )
+    return replace(capped, driver_s_per_episode=driver_s_per_episode)
 
 
 def candidate_overrides(cfg: RunConfig) -> list[dict[str, int]]:
@@ -137,15 +201,17 @@ def plan(
 
 
 def run_header(
-    episodes: EpisodeCalibration, machines: MachineCalibration, slots: int, bound: int
+    episodes: EpisodeCalibration, machines: MachineCalibration, sampler: SamplerCalibration, bound: int
 ) -> list[str]:
-    """What a run calibrated: two lines."""
+    """What a run calibrated: three lines."""
     e, w = episodes, episodes.workload()
     return [
         f"calibrated: {e.episodes} episodes in {e.groups} groups, keep rate {w.keep_rate:.2f}, "
         f"{w.turns:.2f} turns x {w.tokens_per_turn:.0f} tokens, env {w.env_s_per_episode:.3f} s per episode",
-        f"machines: learner {machines.learner_step_s:.3f} s/step, sampler {machines.sampler_tokens_per_s:.0f} tokens/s "
-        f"over {slots} slots ({e.decode_tokens_per_s:.1f} tokens/s per sequence); staleness bound {bound}",
+        f"machines: learner {machines.learner_step_s:.3f} s/step, sampler {sampler.tokens_per_s:.0f} tokens/s "
+        f"over {sampler.kv_slots} slots all busy ({e.decode_tokens_per_s:.1f} tokens/s per sequence in the run); "
+        f"staleness bound {bound}",
+        f"decode: {sampler.fit.reason}",
     ]
 
 

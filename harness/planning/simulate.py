@@ -7,10 +7,13 @@ What it simulates, as the orchestrator runs it (``harness/pipeline``):
   keep rate the orchestrator assumes (``pessimistic_keep_rate`` over the last
   ``KEEP_WINDOW`` verdicts in ``pipeline`` mode, 1 otherwise);
 - an *episode* is an env reset, then per turn a generation and an env step. A
-  generation of ``m`` tokens holds one of ``kv_slots`` sampler slots for
-  ``m / r`` seconds (``r = R / kv_slots``, ``Layout.decode_tokens_per_s``); an env
-  call holds one of ``env_slots`` env slots for a drawn latency. Each is a FIFO
-  ``Station`` (c servers, one queue). Its tokens carry the sampler version at its
+  generation of ``m`` tokens holds one of ``kv_slots`` sampler slots (a FIFO queue
+  beyond them) until its ``m`` decode steps are done; a step takes ``t(b)`` seconds
+  with ``b`` sequences decoding (``Layout.decode_step_s``), so all of them advance at
+  ``1 / t(b)`` tokens/s and a sequence finishes sooner in a smaller batch
+  (``BatchedDecoder``). With the fixed rate (``c = 0``) that is ``m / r`` seconds on
+  one of ``kv_slots`` servers, ``r = R / kv_slots``. An env call holds one of
+  ``env_slots`` env slots for a drawn latency (a FIFO ``Station``: c servers, one queue). Its tokens carry the sampler version at its
   first generation;
 - a finished episode passes through the *driver* (one server, ``driver_s_per_episode`` s
   each) when the layout gives it a cost;
@@ -128,6 +131,83 @@ class Station:
         done()
 
 
+class BatchedDecoder:
+    """The sampler as a batched decoder: up to ``layout.kv_slots`` sequences decode together, one FIFO queue.
+
+    Every live sequence advances one token per decode step of ``t(b)`` seconds (``b`` live), so the
+    tokens each has decoded since the start, ``V``, grow at ``dV/dt = 1 / t(b)``; a sequence of ``m``
+    tokens admitted at ``V0`` finishes when ``V = V0 + m``. The live sequences sit in a heap by that
+    finish value, and the next finish is ``(V_min - V) t(b)`` seconds away until ``b`` changes (an
+    admission or a finish), when it is scheduled again (the stale event is dropped by its epoch).
+    The same records as ``Station``: queue length, busy slots, waits.
+    """
+
+    def __init__(self, loop: EventLoop, layout: Layout, *, record_from: float = 0.0) -> None:
+        self.loop, self.layout, self.servers = loop, layout, layout.kv_slots
+        self.live: list[tuple[float, int, Callable[[], None]]] = []  # (finish V, sequence, done)
+        self.queue: deque[tuple[float, float, Callable[[], None], Callable[[], None] | None]] = deque()
+        self.queue_length = TimeAverage(loop, record_from)
+        self.busy_servers = TimeAverage(loop, record_from)
+        self.record_from = record_from
+        self.waits: list[float] = []
+        self.decoded = 0.0  # V
+        self._since = 0.0
+        self._epoch = 0
+        self._seq = 0
+
+    def submit(
+        self, tokens: float, done: Callable[[], None], *, on_start: Callable[[], None] | None = None
+    ) -> None:
+        """Queue a generation of ``tokens`` tokens; ``on_start`` runs when it gets a slot, ``done`` when it ends."""
+        self._advance()
+        self.queue.append((self.loop.now, tokens, done, on_start))
+        self.queue_length.set(len(self.queue))
+        self._dispatch()
+        self._schedule()
+
+    def utilisation(self) -> float:
+        """The time-averaged fraction of the slots busy."""
+        return self.busy_servers.mean() / self.servers
+
+    def _advance(self) -> None:
+        now = self.loop.now
+        if self.live:
+            self.decoded += (now - self._since) / self.layout.decode_step_s(len(self.live))
+        self._since = now
+
+    def _dispatch(self) -> None:
+        while len(self.live) < self.servers and self.queue:
+            arrived, tokens, done, on_start = self.queue.popleft()
+            self.queue_length.set(len(self.queue))
+            if on_start is not None:
+                on_start()
+            if arrived >= self.record_from:
+                self.waits.append(self.loop.now - arrived)
+            self._seq += 1
+            heapq.heappush(self.live, (self.decoded + tokens, self._seq, done))
+        self.busy_servers.set(len(self.live))
+
+    def _schedule(self) -> None:
+        self._epoch += 1
+        if self.live:
+            left = max(0.0, self.live[0][0] - self.decoded)
+            epoch = self._epoch
+            self.loop.after(left * self.layout.decode_step_s(len(self.live)), lambda: self._finish(epoch))
+
+    def _finish(self, epoch: int) -> None:
+        if epoch != self._epoch:
+            return
+        self._advance()
+        # the head is this event's; others due within rounding finish with it
+        finished = [heapq.heappop(self.live)[2]]
+        while self.live and self.live[0][0] <= self.decoded * (1 + 1e-12):
+            finished.append(heapq.heappop(self.live)[2])
+        self._dispatch()
+        self._schedule()
+        for done in finished:
+            done()
+
+
 @dataclass(frozen=True)
 class TracedEpisode:
     """One traced episode's costs as they were: tokens of each turn, env seconds of each call (reset first)."""
@@ -200,7 +280,12 @@ class PipelineSim:
         self.rng = random.Random(seed)
         self.loop = EventLoop()
         self.warmup_s = warmup_s
-        self.sampler = Station(self.loop, layout.kv_slots, record_from=warmup_s)
+        # the fixed rate keeps the plain station: its service times are m / r exactly
+        self.sampler: Station | BatchedDecoder = (
+            BatchedDecoder(self.loop, layout, record_from=warmup_s)
+            if layout.decode_per_sequence_s > 0
+            else Station(self.loop, layout.kv_slots, record_from=warmup_s)
+        )
         self.env = Station(self.loop, layout.env_slots, record_from=warmup_s)
         self.driver = Station(self.loop, 1, record_from=warmup_s)
         self.learner_version = 0
@@ -298,7 +383,7 @@ class PipelineSim:
                 return
             index = turns - left
             self.sampler.submit(
-                tokens(index) / rate,
+                tokens(index) if isinstance(self.sampler, BatchedDecoder) else tokens(index) / rate,
                 lambda: self.env.submit(env_call(index + 1), lambda: turn(left - 1)),
                 on_start=stamp if left == turns else None,
             )

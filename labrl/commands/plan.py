@@ -56,7 +56,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from labrl.harness.planning.budget import env_pool_of, parse_budget, search
     from labrl.harness.planning.calibrate import calibrate_run
     from labrl.harness.planning.figures import load_figures
-    from labrl.harness.planning.plan import format_plan, kv_slots, layout_of, machines_line, plan, run_header
+    from labrl.harness.planning.plan import (
+        calibrate_sampler,
+        env_slot_cap,
+        format_plan,
+        layout_of,
+        machines_line,
+        plan,
+        ray_model,
+        run_header,
+    )
     from labrl.harness.planning.priors import (
         config_hardware,
         describe,
@@ -79,12 +88,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.from_run:
         episodes, machines = calibrate_run(args.from_run)
         episode = episodes.episode
-        slots = kv_slots(cfg, machines, episodes)
-        base = layout_of(
-            cfg, machines, slots, staleness=bound, concurrency=cfg.pipeline.max_concurrent_episodes
+        sampler = calibrate_sampler(cfg, machines, episodes)
+        driver_s = figures["driver_s_per_episode"].value
+        base = ray_model(
+            cfg,
+            layout_of(
+                cfg, machines, sampler, staleness=bound, concurrency=cfg.pipeline.max_concurrent_episodes
+            ),
+            pool=pool,
+            driver_s_per_episode=driver_s,
         )
-        header = run_header(episodes, machines, slots, bound)
-        env_slot_cap = None  # the traced env calls include any wait for the env's pool
+        header = run_header(episodes, machines, sampler, bound)
+        # in process the traced env calls include any wait for the env's pool; under Ray the env workers
+        # of the layout cap them, as the layouts without a run and --budget's are
+        cap = env_slot_cap(cfg.ray.env_workers, pool) if cfg.backend == "ray" else None
+        if cfg.backend == "ray":
+            header.append(
+                f"ray: driver {driver_s * 1e3:.1f} ms/episode ({figures['driver_s_per_episode'].source}), "
+                f"env slots at most {'any' if cap is None else cap} (ray.env_workers x the env's pool)"
+            )
     else:
         hw = config_hardware(cfg)
         episode = prior_episode(
@@ -94,8 +116,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         given = args.env_step_s is not None or args.env_sigma is not None
         header = describe(cfg, env_budgets, episode, figures, hw, env_given=given)
         header.append(machines_line(base, bound))
-        workers = cfg.ray.env_workers if cfg.backend == "ray" else 1
-        env_slot_cap = None if pool is None else workers * pool
+        cap = env_slot_cap(cfg.ray.env_workers if cfg.backend == "ray" else 1, pool)
     if budget is not None:
         params = cfg.model.resolve().active_matmul_parameter_count
         header.append(
@@ -104,7 +125,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         header += [figure_line(figures[k], params) for k in search_figure_keys(cfg)]
         rows = search(cfg, budget, episode, env_budgets, figures, steps=args.steps, seed=args.seed)
     else:
-        rows = plan(cfg, episode, base, env_slot_cap=env_slot_cap, steps=args.steps, seed=args.seed)
+        rows = plan(cfg, episode, base, env_slot_cap=cap, steps=args.steps, seed=args.seed)
     print(format_plan(rows, header, bound=bound, top=args.top))
     if args.plot:
         from labrl.harness.planning.plot import plot_layout

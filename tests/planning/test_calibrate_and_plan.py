@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import shutil
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,9 @@ from labrl.cli import main
 from labrl.errors import ConfigError
 from labrl.harness.config import load_run_config
 from labrl.harness.planning.calibrate import calibrate_run
-from labrl.harness.planning.plan import candidate_overrides, kv_slots
+from labrl.harness.planning.decode import DecodeFit
+from labrl.harness.planning.model import Layout
+from labrl.harness.planning.plan import calibrate_sampler, candidate_overrides, kv_slots, layout_of, ray_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RUN = FIXTURES / "run"
@@ -93,3 +96,47 @@ def test_each_traced_group_is_kept_whole_for_replay():
     assert len(groups) == 10 and all(len(g) == 4 for g in groups)
     member = groups[0][1]  # group 0, member 1: 2 turns of 20 tokens, a 0.1 s reset and two 0.4 s steps
     assert (member.tokens, member.env_s) == ((20, 20), (0.1, 0.4, 0.4))
+
+
+def test_the_fixture_decodes_at_one_rate_whatever_the_batch_so_the_sampler_keeps_the_fixed_rate():
+    episodes, machines = calibrate_run(RUN)
+    sampler = calibrate_sampler(load_run_config(CONFIG), machines, episodes)
+    assert not sampler.fit.fitted and sampler.per_sequence_s == 0.0  # 20 tokens in 0.5 s in every batch
+    assert (sampler.kv_slots, sampler.tokens_per_s) == (2, pytest.approx(80.0))
+
+
+def test_a_fitted_decoder_runs_the_local_samplers_slots_at_their_fitted_rate():
+    episodes, machines = calibrate_run(RUN)
+    fit = DecodeFit(0.004, 0.002, True, "batched", (1.0, 8.0))
+    cfg = load_run_config(CONFIG, ["backend=ray", "ray.samplers=2"])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("labrl.harness.planning.plan.fit_decode", lambda windows, slots: fit)
+        sampler = calibrate_sampler(cfg, machines, episodes)
+    # 2 samplers x max_batch_size 8 = 16 slots; R = 16 / t(16) = 16 / 0.036
+    assert (sampler.kv_slots, sampler.per_sequence_s) == (16, 0.002)
+    assert sampler.tokens_per_s == pytest.approx(16 / 0.036)
+    lay = layout_of(cfg, machines, sampler, staleness=2, concurrency=8)
+    assert lay.decode_fixed_s == pytest.approx(0.004) and lay.decode_step_s(3) == pytest.approx(0.010)
+
+
+def test_the_ray_model_adds_the_driver_and_caps_env_slots_at_the_pool():
+    lay = Layout(sampler_tokens_per_s=100.0, kv_slots=4, env_slots=16, learner_step_s=1.0,
+                 batch_groups=2, group_size=4, max_staleness=4, max_concurrent_episodes=16)  # fmt: skip
+    cfg = load_run_config(CONFIG)
+    assert ray_model(cfg, lay, pool=8, driver_s_per_episode=0.002) is lay  # in-process: unchanged
+    # a pool of 8 calls per process: one env worker holds 8 of the 16 episodes' calls, four all 16
+    ray_1 = load_run_config(CONFIG, ["backend=ray", "ray.env_workers=1"])
+    assert ray_model(ray_1, lay, pool=8, driver_s_per_episode=0.002) == replace(
+        lay, env_slots=8, driver_s_per_episode=0.002
+    )
+    ray_4 = load_run_config(CONFIG, ["backend=ray", "ray.env_workers=4"])
+    assert ray_model(ray_4, lay, pool=8, driver_s_per_episode=0.002).env_slots == 16
+    assert ray_model(ray_1, lay, pool=None, driver_s_per_episode=0.002).env_slots == 16  # no pool: no cap
+
+
+def test_labrl_plan_from_a_run_under_ray_adds_the_driver(capsys):
+    args = ["plan", str(CONFIG), "backend=ray", "--from-run", str(RUN), "--steps", "20", "--top", "1"]
+    assert main(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2].startswith("decode: fixed rate")
+    assert out[3].startswith("ray: driver 2.1 ms/episode") and "env slots at most any" in out[3]

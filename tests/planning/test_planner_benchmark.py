@@ -131,24 +131,12 @@ def test_only_the_default_workload_keeps_the_unprefixed_result_files():
     assert bench.default_out("quickstart").name == "planner_quickstart.json"
 
 
-def test_the_ray_model_adds_the_driver_and_caps_env_slots_at_the_pool():
-    from dataclasses import replace
-
-    from labrl.harness.config import load_run_config
-    from labrl.harness.planning.figures import load_figures
-    from labrl.harness.planning.model import Layout
+def test_the_benchmark_predicts_ray_layouts_with_the_planners_ray_model(monkeypatch):
+    """``predict`` goes through ``plan.ray_model`` (one place for the rule; its numbers: test_calibrate_and_plan)."""
+    from labrl.harness.planning import plan as plan_module
 
     bench = planner()
-    lay = Layout(sampler_tokens_per_s=100.0, kv_slots=4, env_slots=16, learner_step_s=1.0,
-                 batch_groups=2, group_size=4, max_staleness=4, max_concurrent_episodes=16)  # fmt: skip
-    lab = load_run_config(bench.LAB)
-    assert bench.ray_model(lab, lay) is lay  # in-process: unchanged
-    driver_s = load_figures()["driver_s_per_episode"].value
-    # the lab env's pool is 8 calls per process: one env worker holds 8 of the 16 episodes' calls
-    ray_lab = load_run_config(bench.LAB, ["backend=ray", "ray.env_workers=1"])
-    assert bench.ray_model(ray_lab, lay) == replace(lay, env_slots=8, driver_s_per_episode=driver_s)
-    ray_lab = load_run_config(bench.LAB, ["backend=ray", "ray.env_workers=4"])
-    assert bench.ray_model(ray_lab, lay).env_slots == 16
+    assert bench.ray_model is plan_module.ray_model
 
 
 def layout_part(bench, tmp_path, monkeypatch, workload: str, name: str) -> dict:
