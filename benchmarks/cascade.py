@@ -1,8 +1,12 @@
 """Reward cascades (issue 30): held-out truth reward per unit of expensive compute, by how the truth is paid for.
 
 Each arm trains ``configs/cascade-synthetic.yaml`` (``synthetic/cascade-v0``) with the benchmark's own
-tuning (``TUNING``: truth width 0.5, the proxy's optimum 0.3 from the truth's and reading 0.1 high, a
-larger tiny-moe, a longer warm start, RL lr 3e-4 with a KL to the warm-started policy, 100 sync steps)
+tuning (``TUNING``: targets in the band [0.25, 0.35], truth width 0.5, the proxy's optimum 0.3 above the
+truth's and reading 0.1 high, a larger tiny-moe, a longer warm start, RL lr 3e-4 with a KL to the
+warm-started policy, 100 sync steps). The warm start answers uniformly in [0, 1] (the env's
+``random_action``), so the policy learns by moving its answers onto the truth's optimum (~0.3), the
+proxy's alone would pull them to ~0.6: a task a tiny model learns within 100 steps on 2 cores, where
+copying the hint of a target anywhere in [0.1, 0.9] took thousands
 and the arm's config overrides (``ARMS``), through ``labrl train``'s run API (``runner.train``)::
 
     python benchmarks/cascade.py --arm always-expensive --seed 0   # one part: results/cascade/ARM_SEED.json
@@ -19,7 +23,10 @@ The arms (an arm is only overrides, so a new rule is one more line in ``ARMS``):
   many train candidates reached the truth (``train_truth_calls``); 0 means every trained reward
   was the proxy;
 - ``cascade``: the proxy screens (``pass_threshold``), the truth scores what passes and an audit
-  at ``p`` of the rest.
+  at ``p`` of the rest;
+- ``informative``: the ``Informative`` rule (``informative_z``) passes the members whose group
+  advantage sign the truth could flip, ``|c_i - mean c| < z sigma sqrt(1 - 1/n)``, and audits the
+  rest at the same ``p``.
 
 Every arm sets ``cascade.test_split_at_truth``: the held-out evaluation (``eval.jsonl``) runs the
 truth on every test candidate, so its ``reward_mean`` is the held-out truth reward ``mean e``.
@@ -35,7 +42,8 @@ arm's env with an in-memory ledger.
 
 ``--merge`` prints, per arm, the final held-out truth reward (median and range over seeds), the
 expensive compute used (median GPU-h) and its ratio to always-expensive's, and the compute at which
-the arm's median curve first reaches always-expensive's final median (``reach``); it writes
+the arm's median curve first reaches always-expensive's final median (``reach``), and the goal per
+gated arm (``GATED_ARMS``: reach within 25 % of the compute, final above always-cheap's); it writes
 ``results/cascade.json`` and ``results/cascade.png`` (held-out truth reward vs expensive compute).
 """
 
@@ -62,6 +70,8 @@ CONFIG = ROOT / "configs" / "cascade-synthetic.yaml"
 PARTS = RESULTS / "cascade"
 EXPENSIVE_STAGE = "truth"
 BASELINE = "always-expensive"
+#: the arms that choose where to pay for the truth, each held to the goal
+GATED_ARMS = ("cascade", "informative")
 #: the issue's goal: the cascade reaches the baseline's final reward with at most this share of its compute
 GOAL_COMPUTE_SHARE = 0.25
 PROBE_SIZE = 256
@@ -69,7 +79,8 @@ PROBE_SEED_OFFSET = 9_000_000  # probe tasks far from every run's train seeds (r
 
 #: the benchmark's own tuning of configs/cascade-synthetic.yaml: learnable in a few minutes on 2 cores
 TUNING = [
-    "env.options.width=0.5", "env.options.proxy_shift=0.3", "pipeline.mode=sync", "sampler.max_new_tokens=40",
+    "env.options.target_low=0.25", "env.options.target_high=0.35", "env.options.width=0.5",
+    "env.options.proxy_shift=0.3", "pipeline.mode=sync", "sampler.max_new_tokens=40",
     "model.overrides.hidden_size=96", "model.overrides.ffn_hidden_size=192",
     "model.overrides.moe_ffn_hidden_size=192",
     "sft.steps=150", "sft.batch_size=16", "sft.lr=3e-3", "sft.schedule=cosine", "sft.num_prompts=512",
@@ -84,7 +95,8 @@ TUNING = [
 ARMS: dict[str, list[str]] = {
     "always-expensive": ["cascade.audit_probability=1.0"],
     "always-cheap": ["env.options.pass_threshold=1.0e+9", "cascade.audit_probability=1.0e-4"],
-    "cascade": ["env.options.pass_threshold=0.8", "cascade.audit_probability=0.1"],
+    "cascade": ["env.options.pass_threshold=0.9", "cascade.audit_probability=0.1"],
+    "informative": ["env.options.informative_z=0.1", "cascade.audit_probability=0.1"],
 }
 
 
@@ -242,7 +254,7 @@ def median_curve(results: list[dict[str, Any]]) -> list[dict[str, float]]:
 
 
 def summarise(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per arm: final held-out truth reward (median, range), compute, ratios to the baseline, the goal."""
+    """Per arm: final held-out truth reward (median, range), compute, ratios to the baseline; the goal per gated arm."""
     by_arm: dict[str, list[dict[str, Any]]] = {}
     for r in results:
         by_arm.setdefault(r["arm"], []).append(r)
@@ -272,14 +284,16 @@ def summarise(results: list[dict[str, Any]]) -> dict[str, Any]:
         row["reach_ratio"] = (
             reached["truth_gpu_h"] / base["truth_gpu_h"] if reached and base and base["truth_gpu_h"] else None
         )
-    goal = None
-    if base and "cascade" in rows and "always-cheap" in rows:
-        ratio = rows["cascade"]["reach_ratio"]
-        goal = {
-            "reaches_baseline_within_share": ratio is not None and ratio <= GOAL_COMPUTE_SHARE,
-            "beats_always_cheap": rows["cascade"]["final_median"] > rows["always-cheap"]["final_median"],
+    goal = {
+        arm: {
+            "reaches_baseline_within_share": rows[arm]["reach_ratio"] is not None
+            and rows[arm]["reach_ratio"] <= GOAL_COMPUTE_SHARE,
+            "beats_always_cheap": rows[arm]["final_median"] > rows["always-cheap"]["final_median"],
         }
-    return {"arms": rows, "goal": goal, "goal_compute_share": GOAL_COMPUTE_SHARE}
+        for arm in GATED_ARMS
+        if base and arm in rows and "always-cheap" in rows
+    }
+    return {"arms": rows, "goal": goal or None, "goal_compute_share": GOAL_COMPUTE_SHARE}
 
 
 def _fmt(x: float | None, spec: str) -> str:

@@ -200,7 +200,10 @@ def test_the_default_targets_are_todays_draws_bit_for_bit():
 
 
 def test_a_target_band_maps_the_same_draws_onto_it():
-    default, band = make("synthetic/cascade-v0"), make("synthetic/cascade-v0", target_low=0.3, target_high=0.4)
+    default, band = (
+        make("synthetic/cascade-v0"),
+        make("synthetic/cascade-v0", target_low=0.3, target_high=0.4),
+    )
     for seed in range(50):
         t = band.make_task("train", seed)
         u = (default.make_task("train", seed).answer - 0.1) / 0.8  # the one uniform draw behind both
