@@ -37,8 +37,9 @@ under train-split keys, attributed to the step that trained or dropped their tas
 (``episodes.jsonl``). A candidate already in the ledger is not charged again, so the compute is
 what a run that caches its verifier pays. It also records the arm's reward fidelity:
 ``reward_truth_corr``, the Pearson correlation of the arm's reward ``r`` with the truth ``e`` over
-``PROBE_SIZE`` fixed (task, answer) pairs (answers ``hint + U(-0.3, 0.3)``), scored through the
-arm's env with an in-memory ledger.
+``PROBE_SIZE`` fixed (task, answer) pairs (32 tasks, ``group_size`` answers ``hint + U(-0.3, 0.3)``
+each, scored as one group), through the arm's env with an in-memory ledger; ``--reprobe`` redoes
+it for every part without training.
 
 ``--merge`` prints, per arm, the final held-out truth reward (median and range over seeds), the
 expensive compute used (median GPU-h) and its ratio to always-expensive's, and the compute at which
@@ -166,39 +167,62 @@ def pearson(xs: Sequence[float], ys: Sequence[float]) -> float:
 
 
 async def reward_fidelity(arm: str, seed: int, size: int = PROBE_SIZE) -> dict[str, float]:
-    """The arm's reward ``r`` against the truth ``e`` on fixed (task, answer) pairs, through its env."""
+    """The arm's reward ``r`` against the truth ``e`` on fixed (task, answer) pairs, through its env.
+
+    The pairs come in groups of the run's ``group_size`` answers to one task, each group scored as
+    one GRPO group (a shared ``GroupGate``), so a rule that decides by the group sees one."""
     from labrl.envs import Action
+    from labrl.envs.cascade import GroupGate
     from labrl.harness.backends.parts import make_env_factory
+    from labrl.harness.rollout.play import join_cascade_group
 
     # an in-memory ledger: the probe is not the run's spending
     in_memory = ["cascade.ledger_path=null"]
-    make_arm = make_env_factory(load_arm_config(arm, seed, Path("unused"), in_memory))
+    arm_cfg = load_arm_config(arm, seed, Path("unused"), in_memory)
+    make_arm = make_env_factory(arm_cfg)
     make_truth = make_env_factory(
         load_arm_config(arm, seed, Path("unused"), [*in_memory, "cascade.audit_probability=1.0"])
     )
+    group = arm_cfg.pipeline.group_size
     rng = random.Random(seed)
 
-    async def score(make_env: Any, seed_i: int, text: str) -> float:
-        env = make_env()
-        try:
-            await env.reset(env.make_task("train", seed_i))
-            return float((await env.step(Action(text=text))).reward)
-        finally:
-            await env.close()
+    async def score_group(make_env: Any, seed_i: int, texts: list[str]) -> list[float]:
+        gate = GroupGate(len(texts))
+
+        async def one(member: int, text: str) -> float:
+            try:
+                env = make_env()
+                join_cascade_group(env, gate, member)
+                try:
+                    await env.reset(env.make_task("train", seed_i))
+                    return float((await env.step(Action(text=text))).reward)
+                finally:
+                    await env.close()
+            finally:
+                gate.leave(member)
+
+        return list(await asyncio.gather(*(one(m, t) for m, t in enumerate(texts))))
 
     tasks_of = make_arm()  # make_task is pure: one env names every probe task
-    pairs = []
-    for i in range(size):
+    groups = []
+    for i in range(size // group):
         hint = tasks_of.make_task("train", PROBE_SEED_OFFSET + i).prompt["hint"]
-        answer = min(1.0, max(0.0, hint + rng.uniform(-0.3, 0.3)))
-        pairs.append((PROBE_SEED_OFFSET + i, f"<answer>{answer:.3f}</answer>"))
-    rewards = await asyncio.gather(*(score(make_arm, s, t) for s, t in pairs))
-    truths = await asyncio.gather(*(score(make_truth, s, t) for s, t in pairs))
+        answers = [min(1.0, max(0.0, hint + rng.uniform(-0.3, 0.3))) for _ in range(group)]
+        groups.append((PROBE_SEED_OFFSET + i, [f"<answer>{a:.3f}</answer>" for a in answers]))
+    rewards = [r for g in await asyncio.gather(*(score_group(make_arm, s, t) for s, t in groups)) for r in g]
+    truths = [e for g in await asyncio.gather(*(score_group(make_truth, s, t) for s, t in groups)) for e in g]
     return {
         "reward_truth_corr": pearson(rewards, truths),
         "reward_minus_truth_mean": statistics.fmean(r - e for r, e in zip(rewards, truths, strict=True)),
-        "probe_size": size,
+        "probe_size": len(rewards),
     }
+
+
+def reprobe(path: Path) -> None:
+    """Recompute the reward-fidelity fields of the part at ``path`` (the probe alone, no training)."""
+    part = json.loads(path.read_text())
+    part.update(asyncio.run(reward_fidelity(part["arm"], part["seed"])))
+    path.write_text(json.dumps(part, indent=2))
 
 
 def run_part(arm: str, seed: int, extra: Sequence[str], runs: Path, parts: Path) -> Path:
@@ -355,12 +379,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra config override")
     p.add_argument("--merge", action="store_true", help="table and plot from every part")
+    p.add_argument("--reprobe", action="store_true", help="redo the reward-fidelity probe of every part")
     p.add_argument("--runs", type=Path, default=ROOT / "runs" / "cascade-bench", help="run directories")
     p.add_argument("--parts", type=Path, default=PARTS, help="where parts are written and merged from")
     p.add_argument("--out", type=Path, default=RESULTS, help="where --merge writes cascade.json and .png")
     args = p.parse_args(argv)
-    if args.arm is None and not args.merge:
-        p.error("give --arm NAME (one part) or --merge")
+    if args.arm is None and not args.merge and not args.reprobe:
+        p.error("give --arm NAME (one part), --reprobe or --merge")
+    if args.reprobe:
+        for path in sorted(args.parts.glob("*.json")):
+            reprobe(path)
     if args.arm is not None:
         path = run_part(args.arm, args.seed, args.set, args.runs, args.parts)
         row = json.loads(path.read_text())

@@ -106,6 +106,17 @@ def test_the_merge_computes_the_ratios_and_the_goal_on_a_fixture(tmp_path):
     ] == pytest.approx(0.15)
 
 
+def test_the_probe_scores_a_group_rule_in_groups_and_reprobe_redoes_it_alone(tmp_path):
+    b = bench()
+    path = tmp_path / "informative_0.json"
+    path.write_text(json.dumps({**_part("informative", 0, [(0, 0.2, 0.0)]), "reward_truth_corr": 9.0}))
+    b.main(["--reprobe", "--parts", str(tmp_path)])
+    part = json.loads(path.read_text())
+    # Informative decides by the group: scored without a GroupGate its episodes would fail
+    assert part["probe_size"] == 256 and -1.0 <= part["reward_truth_corr"] <= 1.0
+    assert part["final_heldout_truth"] == 0.2  # the run's own figures are kept
+
+
 def test_a_ledger_key_names_its_split_and_task():
     assert bench().task_id_of("synthetic/cascade-v0/train/12/train-12/truth/0123abcd") == (
         "train",
