@@ -1,8 +1,12 @@
 """Reward cascades (issue 30): held-out truth reward per unit of expensive compute, by how the truth is paid for.
 
 Each arm trains ``configs/cascade-synthetic.yaml`` (``synthetic/cascade-v0``) with the benchmark's own
-tuning (``TUNING``: truth width 0.5, the proxy's optimum 0.3 from the truth's and reading 0.1 high, a
-larger tiny-moe, a longer warm start, RL lr 3e-4 with a KL to the warm-started policy, 100 sync steps)
+tuning (``TUNING``: targets in the band [0.25, 0.35], truth width 0.5, the proxy's optimum 0.3 above the
+truth's and reading 0.1 high, a larger tiny-moe, a longer warm start, RL lr 3e-4 with a KL to the
+warm-started policy, 100 sync steps). The warm start answers uniformly in [0, 1] (the env's
+``random_action``), so the policy learns by moving its answers onto the truth's optimum (~0.3), the
+proxy's alone would pull them to ~0.6: a task a tiny model learns within 100 steps on 2 cores, where
+copying the hint of a target anywhere in [0.1, 0.9] took thousands
 and the arm's config overrides (``ARMS``), through ``labrl train``'s run API (``runner.train``)::
 
     python benchmarks/cascade.py --arm always-expensive --seed 0   # one part: results/cascade/ARM_SEED.json
@@ -19,7 +23,10 @@ The arms (an arm is only overrides, so a new rule is one more line in ``ARMS``):
   many train candidates reached the truth (``train_truth_calls``); 0 means every trained reward
   was the proxy;
 - ``cascade``: the proxy screens (``pass_threshold``), the truth scores what passes and an audit
-  at ``p`` of the rest.
+  at ``p`` of the rest;
+- ``informative``: the ``Informative`` rule (``informative_z``) passes the members whose group
+  advantage sign the truth could flip, ``|c_i - mean c| < z sigma sqrt(1 - 1/n)``, and audits the
+  rest at the same ``p``.
 
 Every arm sets ``cascade.test_split_at_truth``: the held-out evaluation (``eval.jsonl``) runs the
 truth on every test candidate, so its ``reward_mean`` is the held-out truth reward ``mean e``.
@@ -30,12 +37,14 @@ under train-split keys, attributed to the step that trained or dropped their tas
 (``episodes.jsonl``). A candidate already in the ledger is not charged again, so the compute is
 what a run that caches its verifier pays. It also records the arm's reward fidelity:
 ``reward_truth_corr``, the Pearson correlation of the arm's reward ``r`` with the truth ``e`` over
-``PROBE_SIZE`` fixed (task, answer) pairs (answers ``hint + U(-0.3, 0.3)``), scored through the
-arm's env with an in-memory ledger.
+``PROBE_SIZE`` fixed (task, answer) pairs (32 tasks, ``group_size`` answers ``hint + U(-0.3, 0.3)``
+each, scored as one group), through the arm's env with an in-memory ledger; ``--reprobe`` redoes
+it for every part without training.
 
 ``--merge`` prints, per arm, the final held-out truth reward (median and range over seeds), the
 expensive compute used (median GPU-h) and its ratio to always-expensive's, and the compute at which
-the arm's median curve first reaches always-expensive's final median (``reach``); it writes
+the arm's median curve first reaches always-expensive's final median (``reach``), and the goal per
+gated arm (``GATED_ARMS``: reach within 25 % of the compute, final above always-cheap's); it writes
 ``results/cascade.json`` and ``results/cascade.png`` (held-out truth reward vs expensive compute).
 """
 
@@ -50,6 +59,7 @@ import random
 import shutil
 import sqlite3
 import statistics
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -62,6 +72,8 @@ CONFIG = ROOT / "configs" / "cascade-synthetic.yaml"
 PARTS = RESULTS / "cascade"
 EXPENSIVE_STAGE = "truth"
 BASELINE = "always-expensive"
+#: the arms that choose where to pay for the truth, each held to the goal
+GATED_ARMS = ("cascade", "informative")
 #: the issue's goal: the cascade reaches the baseline's final reward with at most this share of its compute
 GOAL_COMPUTE_SHARE = 0.25
 PROBE_SIZE = 256
@@ -69,7 +81,8 @@ PROBE_SEED_OFFSET = 9_000_000  # probe tasks far from every run's train seeds (r
 
 #: the benchmark's own tuning of configs/cascade-synthetic.yaml: learnable in a few minutes on 2 cores
 TUNING = [
-    "env.options.width=0.5", "env.options.proxy_shift=0.3", "pipeline.mode=sync", "sampler.max_new_tokens=40",
+    "env.options.target_low=0.25", "env.options.target_high=0.35", "env.options.width=0.5",
+    "env.options.proxy_shift=0.3", "pipeline.mode=sync", "sampler.max_new_tokens=40",
     "model.overrides.hidden_size=96", "model.overrides.ffn_hidden_size=192",
     "model.overrides.moe_ffn_hidden_size=192",
     "sft.steps=150", "sft.batch_size=16", "sft.lr=3e-3", "sft.schedule=cosine", "sft.num_prompts=512",
@@ -84,7 +97,8 @@ TUNING = [
 ARMS: dict[str, list[str]] = {
     "always-expensive": ["cascade.audit_probability=1.0"],
     "always-cheap": ["env.options.pass_threshold=1.0e+9", "cascade.audit_probability=1.0e-4"],
-    "cascade": ["env.options.pass_threshold=0.8", "cascade.audit_probability=0.1"],
+    "cascade": ["env.options.pass_threshold=0.9", "cascade.audit_probability=0.1"],
+    "informative": ["env.options.informative_z=0.1", "cascade.audit_probability=0.1"],
 }
 
 
@@ -154,39 +168,71 @@ def pearson(xs: Sequence[float], ys: Sequence[float]) -> float:
 
 
 async def reward_fidelity(arm: str, seed: int, size: int = PROBE_SIZE) -> dict[str, float]:
-    """The arm's reward ``r`` against the truth ``e`` on fixed (task, answer) pairs, through its env."""
-    from labrl.envs import Action
-    from labrl.harness.backends.parts import make_env_factory
+    """The arm's reward ``r`` against the truth ``e`` on fixed (task, answer) pairs, through its env.
 
-    # an in-memory ledger: the probe is not the run's spending
-    in_memory = ["cascade.ledger_path=null"]
-    make_arm = make_env_factory(load_arm_config(arm, seed, Path("unused"), in_memory))
+    The pairs come in groups of the run's ``group_size`` answers to one task, each group scored as
+    one GRPO group (a shared ``GroupGate``), so a rule that decides by the group sees one."""
+    from labrl.envs import Action
+    from labrl.envs.cascade import GroupGate
+    from labrl.harness.backends.parts import make_env_factory
+    from labrl.harness.rollout.play import join_cascade_group
+
+    # a throwaway run directory, so its ledger (RUN_DIR/cascade-ledger.sqlite when ledger_path is unset)
+    # is not the run's spending and leaves nothing behind
+    scratch = Path(tempfile.mkdtemp(prefix="cascade-probe-"))
+    unset = ["cascade.ledger_path=null"]
+    arm_cfg = load_arm_config(arm, seed, scratch / "arm", unset)
+    make_arm = make_env_factory(arm_cfg)
     make_truth = make_env_factory(
-        load_arm_config(arm, seed, Path("unused"), [*in_memory, "cascade.audit_probability=1.0"])
+        load_arm_config(arm, seed, scratch / "truth", [*unset, "cascade.audit_probability=1.0"])
     )
+    group = arm_cfg.pipeline.group_size
     rng = random.Random(seed)
 
-    async def score(make_env: Any, seed_i: int, text: str) -> float:
-        env = make_env()
-        try:
-            await env.reset(env.make_task("train", seed_i))
-            return float((await env.step(Action(text=text))).reward)
-        finally:
-            await env.close()
+    async def score_group(make_env: Any, seed_i: int, texts: list[str]) -> list[float]:
+        gate = GroupGate(len(texts))
+
+        async def one(member: int, text: str) -> float:
+            try:
+                env = make_env()
+                join_cascade_group(env, gate, member)
+                try:
+                    await env.reset(env.make_task("train", seed_i))
+                    return float((await env.step(Action(text=text))).reward)
+                finally:
+                    await env.close()
+            finally:
+                gate.leave(member)
+
+        return list(await asyncio.gather(*(one(m, t) for m, t in enumerate(texts))))
 
     tasks_of = make_arm()  # make_task is pure: one env names every probe task
-    pairs = []
-    for i in range(size):
+    groups = []
+    for i in range(size // group):
         hint = tasks_of.make_task("train", PROBE_SEED_OFFSET + i).prompt["hint"]
-        answer = min(1.0, max(0.0, hint + rng.uniform(-0.3, 0.3)))
-        pairs.append((PROBE_SEED_OFFSET + i, f"<answer>{answer:.3f}</answer>"))
-    rewards = await asyncio.gather(*(score(make_arm, s, t) for s, t in pairs))
-    truths = await asyncio.gather(*(score(make_truth, s, t) for s, t in pairs))
+        answers = [min(1.0, max(0.0, hint + rng.uniform(-0.3, 0.3))) for _ in range(group)]
+        groups.append((PROBE_SEED_OFFSET + i, [f"<answer>{a:.3f}</answer>" for a in answers]))
+    try:
+        rewards = [
+            r for g in await asyncio.gather(*(score_group(make_arm, s, t) for s, t in groups)) for r in g
+        ]
+        truths = [
+            e for g in await asyncio.gather(*(score_group(make_truth, s, t) for s, t in groups)) for e in g
+        ]
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return {
         "reward_truth_corr": pearson(rewards, truths),
         "reward_minus_truth_mean": statistics.fmean(r - e for r, e in zip(rewards, truths, strict=True)),
-        "probe_size": size,
+        "probe_size": len(rewards),
     }
+
+
+def reprobe(path: Path) -> None:
+    """Recompute the reward-fidelity fields of the part at ``path`` (the probe alone, no training)."""
+    part = json.loads(path.read_text())
+    part.update(asyncio.run(reward_fidelity(part["arm"], part["seed"])))
+    path.write_text(json.dumps(part, indent=2))
 
 
 def run_part(arm: str, seed: int, extra: Sequence[str], runs: Path, parts: Path) -> Path:
@@ -242,7 +288,7 @@ def median_curve(results: list[dict[str, Any]]) -> list[dict[str, float]]:
 
 
 def summarise(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per arm: final held-out truth reward (median, range), compute, ratios to the baseline, the goal."""
+    """Per arm: final held-out truth reward (median, range), compute, ratios to the baseline; the goal per gated arm."""
     by_arm: dict[str, list[dict[str, Any]]] = {}
     for r in results:
         by_arm.setdefault(r["arm"], []).append(r)
@@ -272,14 +318,16 @@ def summarise(results: list[dict[str, Any]]) -> dict[str, Any]:
         row["reach_ratio"] = (
             reached["truth_gpu_h"] / base["truth_gpu_h"] if reached and base and base["truth_gpu_h"] else None
         )
-    goal = None
-    if base and "cascade" in rows and "always-cheap" in rows:
-        ratio = rows["cascade"]["reach_ratio"]
-        goal = {
-            "reaches_baseline_within_share": ratio is not None and ratio <= GOAL_COMPUTE_SHARE,
-            "beats_always_cheap": rows["cascade"]["final_median"] > rows["always-cheap"]["final_median"],
+    goal = {
+        arm: {
+            "reaches_baseline_within_share": rows[arm]["reach_ratio"] is not None
+            and rows[arm]["reach_ratio"] <= GOAL_COMPUTE_SHARE,
+            "beats_always_cheap": rows[arm]["final_median"] > rows["always-cheap"]["final_median"],
         }
-    return {"arms": rows, "goal": goal, "goal_compute_share": GOAL_COMPUTE_SHARE}
+        for arm in GATED_ARMS
+        if base and arm in rows and "always-cheap" in rows
+    }
+    return {"arms": rows, "goal": goal or None, "goal_compute_share": GOAL_COMPUTE_SHARE}
 
 
 def _fmt(x: float | None, spec: str) -> str:
@@ -341,12 +389,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra config override")
     p.add_argument("--merge", action="store_true", help="table and plot from every part")
+    p.add_argument("--reprobe", action="store_true", help="redo the reward-fidelity probe of every part")
     p.add_argument("--runs", type=Path, default=ROOT / "runs" / "cascade-bench", help="run directories")
     p.add_argument("--parts", type=Path, default=PARTS, help="where parts are written and merged from")
     p.add_argument("--out", type=Path, default=RESULTS, help="where --merge writes cascade.json and .png")
     args = p.parse_args(argv)
-    if args.arm is None and not args.merge:
-        p.error("give --arm NAME (one part) or --merge")
+    if args.arm is None and not args.merge and not args.reprobe:
+        p.error("give --arm NAME (one part), --reprobe or --merge")
+    if args.reprobe:
+        for path in sorted(args.parts.glob("*.json")):
+            reprobe(path)
     if args.arm is not None:
         path = run_part(args.arm, args.seed, args.set, args.runs, args.parts)
         row = json.loads(path.read_text())

@@ -1,6 +1,7 @@
 """``synthetic/cascade-v0``: a two-stage cascade with a proxy of controllable bias, noise, cost and latency.
 
-Each task hides a target ``t`` in [0.1, 0.9] and shows a hint of it; the model answers a number
+Each task hides a target ``t ~ U(target_low, target_high)`` (default [0.1, 0.9]) and shows a hint
+of it; the model answers a number
 ``x`` in [0, 1] (``<answer>0.42</answer>``). The stages::
 
     truth  e(x) = max(0, 1 - |x - t| / width)                                  (stage "truth")
@@ -43,6 +44,8 @@ _NUMBER = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
 class SyntheticCascadeOptions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    target_low: float = Field(default=0.1, ge=0, le=1, description="targets are drawn from U(low, high)")
+    target_high: float = Field(default=0.9, ge=0, le=1, description="see target_low")
     width: float = Field(default=0.25, gt=0, le=1, description="truth falls to 0 this far from the target")
     proxy_shift: float = Field(default=0.0, ge=-1, le=1, description="proxy optimum minus the truth's")
     proxy_offset: float = Field(default=0.0, ge=-10, le=10, description="constant bias of the proxy")
@@ -65,9 +68,11 @@ class SyntheticCascadeOptions(BaseModel):
     cascade: dict[str, Any] | None = Field(default=None, description="the run's cascade: section")
 
     @model_validator(mode="after")
-    def _one_rule(self) -> SyntheticCascadeOptions:
+    def _consistent(self) -> SyntheticCascadeOptions:
         if self.top_k is not None and self.informative_z is not None:
             raise ValueError("set top_k or informative_z, not both")
+        if self.target_low > self.target_high:
+            raise ValueError(f"target_low {self.target_low} is above target_high {self.target_high}")
         return self
 
     def pass_rule(self) -> Threshold | TopK | Informative:
@@ -124,8 +129,10 @@ class SyntheticCascadeEnv(CascadeEnv):
         )
 
     def make_task(self, split: Split, seed: int) -> Task:
-        # train and test targets come from different streams, so no task is in both
-        target = random.Random(f"{ENV_ID}/{split}/{seed}").uniform(0.1, 0.9)
+        # train and test targets come from different streams, so no task is in both; one draw
+        # (low + (high - low) * u) so a band's targets are the default's mapped onto it
+        o = self.options
+        target = random.Random(f"{ENV_ID}/{split}/{seed}").uniform(o.target_low, o.target_high)
         return Task(
             env_id=ENV_ID,
             split=split,

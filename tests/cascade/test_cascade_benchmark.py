@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from labrl.envs.cascade import cascade_reward
+from labrl.envs.cascade import Informative, cascade_reward
 from labrl.envs.cascade.config import MIN_AUDIT_PROBABILITY
 from labrl.harness.backends.parts import make_env_factory
 
@@ -28,13 +28,16 @@ def bench() -> ModuleType:
     return importlib.import_module("cascade")
 
 
-@pytest.mark.parametrize("arm", ["always-expensive", "always-cheap", "cascade"])
+@pytest.mark.parametrize("arm", ["always-expensive", "always-cheap", "cascade", "informative"])
 def test_every_arm_parses_and_builds_its_env(arm, tmp_path):
     cfg = bench().load_arm_config(arm, 1, tmp_path / "run")
     env = make_env_factory(cfg)().unwrapped
     assert env.cascade.test_split_at_truth and env.cascade.budgets == {}
     assert env.cascade.ledger_path == str(tmp_path / "run" / "cascade-ledger.sqlite")
     assert (cfg.seed, env.cascade.seed) == (1, 1)
+    # the benchmark's band: a task a tiny model learns in 100 steps (it moves its answers onto it)
+    targets = [env.make_task(split, i).answer for split in ("train", "test") for i in range(100)]
+    assert min(targets) >= 0.25 and max(targets) <= 0.35
 
 
 def test_the_arms_say_what_they_claim():
@@ -45,6 +48,13 @@ def test_the_arms_say_what_they_claim():
     assert cheap.cascade.audit_probability == MIN_AUDIT_PROBABILITY
     assert cheap.env.options["pass_threshold"] > 1e6  # no proxy value passes
     assert cascade_reward([0.7], []) == 0.7  # a candidate stopped and not audited gets the proxy alone
+    informative = b.load_arm_config("informative", 0, Path("r"))
+    rule = make_env_factory(informative)().unwrapped.stages[0].pass_on
+    assert isinstance(rule, Informative) and (rule.z, rule.noise) == (0.1, 0.1)  # noise: the proxy's
+    assert (
+        informative.cascade.audit_probability
+        == b.load_arm_config("cascade", 0, Path("r")).cascade.audit_probability
+    )
 
 
 def _part(arm: str, seed: int, curve: list[tuple[int, float, float]]) -> dict:
@@ -71,6 +81,7 @@ def test_the_merge_computes_the_ratios_and_the_goal_on_a_fixture(tmp_path):
         _part("cascade", 0, [(0, 0.2, 0.0), (10, 0.78, 0.1), (20, 0.8, 0.3)]),
         _part("cascade", 1, [(0, 0.2, 0.0), (10, 0.76, 0.2), (20, 0.7, 0.5)]),  # reach at step 10: 0.15 GPU-h
         _part("always-cheap", 0, [(0, 0.2, 0.0), (20, 0.3, 0.0)]),
+        _part("informative", 0, [(0, 0.2, 0.0), (10, 0.3, 0.2), (20, 0.25, 0.3)]),  # below always-cheap
     ]
     for p in parts:
         (tmp_path / f"{p['arm']}_{p['seed']}.json").write_text(json.dumps(p))
@@ -85,11 +96,25 @@ def test_the_merge_computes_the_ratios_and_the_goal_on_a_fixture(tmp_path):
     assert arms["cascade"]["reach_gpu_h"] == pytest.approx(0.15)
     assert arms["cascade"]["reach_ratio"] == pytest.approx(0.15)
     assert arms["always-cheap"]["reach_ratio"] is None and arms["always-cheap"]["compute_ratio"] == 0.0
-    assert summary["goal"] == {"reaches_baseline_within_share": True, "beats_always_cheap": True}
+    assert summary["goal"] == {
+        "cascade": {"reaches_baseline_within_share": True, "beats_always_cheap": True},
+        "informative": {"reaches_baseline_within_share": False, "beats_always_cheap": False},
+    }
     assert (tmp_path / "out" / "cascade.png").stat().st_size > 0
     assert json.loads((tmp_path / "out" / "cascade.json").read_text())["arms"]["cascade"][
         "reach_ratio"
     ] == pytest.approx(0.15)
+
+
+def test_the_probe_scores_a_group_rule_in_groups_and_reprobe_redoes_it_alone(tmp_path):
+    b = bench()
+    path = tmp_path / "informative_0.json"
+    path.write_text(json.dumps({**_part("informative", 0, [(0, 0.2, 0.0)]), "reward_truth_corr": 9.0}))
+    b.main(["--reprobe", "--parts", str(tmp_path)])
+    part = json.loads(path.read_text())
+    # Informative decides by the group: scored without a GroupGate its episodes would fail
+    assert part["probe_size"] == 256 and -1.0 <= part["reward_truth_corr"] <= 1.0
+    assert part["final_heldout_truth"] == 0.2  # the run's own figures are kept
 
 
 def test_a_ledger_key_names_its_split_and_task():

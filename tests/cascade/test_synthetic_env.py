@@ -10,7 +10,7 @@ import pytest
 
 from labrl.envs import Action, Outcome, StepResult, check_env, make
 from labrl.envs.cascade import CascadeRecord, GroupGate, Stage
-from labrl.errors import BudgetExhaustedError
+from labrl.errors import BudgetExhaustedError, ConfigError
 
 FAST = {"proxy_latency_s": 1e-4, "truth_latency_s": 1e-4}
 
@@ -190,3 +190,29 @@ async def test_the_test_split_at_truth_scores_the_truth_and_the_train_split_keep
     assert (
         trained.reward == record.values[0] != pytest.approx(max(0.0, 1 - abs(0.5 - train_task.answer) / 0.25))
     )
+
+
+def test_the_default_targets_are_todays_draws_bit_for_bit():
+    env = make("synthetic/cascade-v0")
+    drawn = [env.make_task(split, seed).answer for split, seed in [("train", 0), ("train", 7), ("test", 3)]]
+    # recorded from the env before target_low/target_high existed
+    assert drawn == [0.7893371629727243, 0.8624576161277666, 0.8603679804253543]
+
+
+def test_a_target_band_maps_the_same_draws_onto_it():
+    default, band = (
+        make("synthetic/cascade-v0"),
+        make("synthetic/cascade-v0", target_low=0.3, target_high=0.4),
+    )
+    for seed in range(50):
+        t = band.make_task("train", seed)
+        u = (default.make_task("train", seed).answer - 0.1) / 0.8  # the one uniform draw behind both
+        assert t.answer == pytest.approx(0.3 + 0.1 * u, abs=1e-12)
+        assert 0.3 <= t.answer <= 0.4 and t.prompt["hint"] == round(t.answer, 2)
+    assert make("synthetic/cascade-v0", target_low=0.5, target_high=0.5).make_task("test", 9).answer == 0.5
+
+
+@pytest.mark.parametrize("band", [{"target_low": 0.6, "target_high": 0.4}, {"target_high": 1.2}])
+def test_a_band_that_is_not_one_is_a_config_error(band):
+    with pytest.raises(ConfigError, match="target_"):
+        make("synthetic/cascade-v0", **band)
