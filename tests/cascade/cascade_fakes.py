@@ -11,7 +11,7 @@ from pathlib import Path
 from pipeline_fakes import BigramLearner, BigramSampler
 
 from labrl.cli import main
-from labrl.envs import make
+from labrl.envs import Action, make
 from labrl.envs.types import Task
 from labrl.harness.pipeline import Orchestrator
 from labrl.harness.pipeline.config import PipelineSection
@@ -106,3 +106,12 @@ def assert_trains_two_steps(config: Path, run_dir: Path, extra: list[str], capsy
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert rows[-1]["errors/env_error_total"] == rows[-1]["errors/verifier_failed_total"] == 0
+
+
+async def play_one_step(env, task, text: str):
+    """Reset ``env`` on ``task``, step it with ``text`` and close it: the step's result."""
+    try:
+        await env.reset(task)
+        return await env.step(Action(text=text))
+    finally:
+        await env.close()

@@ -10,8 +10,9 @@ import importlib.util
 import json
 
 import pytest
+from cascade_fakes import play_one_step
 
-from labrl.envs import Action, Outcome, check_env, make
+from labrl.envs import Outcome, check_env, make
 from labrl.envs.cascade import CascadeRecord, CostUnit
 from labrl.envs.sim.cascade_references import MOLECULES, REFERENCES_PATH, SEARCH_WINDOW, load_references
 from labrl.errors import ConfigError, EnvError
@@ -22,14 +23,6 @@ needs_calculators = pytest.mark.skipif(
     importlib.util.find_spec("chgnet") is None or importlib.util.find_spec("pyscf") is None,
     reason="needs CHGNet and PySCF: pip install 'labrl[chgnet,dft]'",
 )
-
-
-async def _play(env, task, text):
-    try:
-        await env.reset(task)
-        return await env.step(Action(text=text))
-    finally:
-        await env.close()
 
 
 def test_the_references_hold_a_biased_screen_and_a_plausible_truth():
@@ -79,7 +72,7 @@ def test_bad_options_are_config_errors(options, message):
 
 async def test_an_implausible_constant_is_an_invalid_action_before_any_calculation():
     env = make(ENV_ID)
-    result = await _play(env, env.make_task("test", 0), "<answer>9.9</answer>")
+    result = await play_one_step(env, env.make_task("test", 0), "<answer>9.9</answer>")
     assert result.outcome is Outcome.INVALID_ACTION and "no plausible bond length for HF" in (
         result.observation.messages[0].content
     )
@@ -102,7 +95,7 @@ async def test_a_failing_calculator_is_verifier_failed_naming_the_stage(failing)
     inner.calculators["chgnet"].run = answers
     inner.calculators["dft"].run = answers
     inner.calculators[failing].run = fails
-    result = await _play(env, task, "<answer>0.92</answer>")
+    result = await play_one_step(env, task, "<answer>0.92</answer>")
     assert result.outcome is Outcome.VERIFIER_FAILED and result.reward is None
     assert f"cascade stage {failing!r} failed" in result.info["error"]
     assert "the calculator crashed" in result.info["error"]
@@ -114,11 +107,11 @@ async def test_the_right_bond_length_beats_a_wrong_one_at_both_stages():
     env = make(ENV_ID, cascade={"audit_probability": 1.0})
     task = env.make_task("test", 0)
     gold = env.gold_actions(task)[0].text
-    right = CascadeRecord.model_validate((await _play(env, task, gold)).info["cascade"])
+    right = CascadeRecord.model_validate((await play_one_step(env, task, gold)).info["cascade"])
     wrong_d = MOLECULES["HF"].d_exp * 0.82  # compressed: both calculators say so
     wrong_env = make(ENV_ID, cascade={"audit_probability": 1.0})
     wrong = CascadeRecord.model_validate(
-        (await _play(wrong_env, task, f"<answer>{wrong_d:.4f}</answer>")).info["cascade"]
+        (await play_one_step(wrong_env, task, f"<answer>{wrong_d:.4f}</answer>")).info["cascade"]
     )
     assert right.values[1] == right.reward == 1.0  # the truth's own minimum
     assert right.values[0] > wrong.values[0] and right.values[1] > wrong.values[1]

@@ -7,20 +7,13 @@ import math
 import random
 
 import pytest
+from cascade_fakes import play_one_step
 
-from labrl.envs import Action, Outcome, StepResult, check_env, make
+from labrl.envs import Outcome, StepResult, check_env, make
 from labrl.envs.cascade import CascadeRecord, GroupGate, Stage
 from labrl.errors import BudgetExhaustedError, ConfigError
 
 FAST = {"proxy_latency_s": 1e-4, "truth_latency_s": 1e-4}
-
-
-async def _play(env, task, text):
-    try:
-        await env.reset(task)
-        return await env.step(Action(text=text))
-    finally:
-        await env.close()
 
 
 @pytest.mark.parametrize(
@@ -42,9 +35,9 @@ async def test_the_trained_reward_is_unbiased_for_the_truth():
         env = make("synthetic/cascade-v0", **options)
         task = env.make_task("train", seed)
         text = f"<answer>{rng.random():.4f}</answer>"
-        result = await _play(env, task, text)
+        result = await play_one_step(env, task, text)
         record = CascadeRecord.model_validate(result.info["cascade"])
-        full = await _play(
+        full = await play_one_step(
             make("synthetic/cascade-v0", **{**options, "cascade": {"audit_probability": 1}}), task, text
         )
         rewards.append(result.reward)
@@ -61,8 +54,8 @@ async def test_the_trained_reward_is_unbiased_for_the_truth():
 async def test_a_repeated_candidate_is_answered_from_the_ledger():
     env = make("synthetic/cascade-v0", **FAST, cascade={"audit_probability": 1})
     task = env.make_task("train", 3)
-    first = await _play(env, task, "<answer>0.5</answer>")
-    second = await _play(
+    first = await play_one_step(env, task, "<answer>0.5</answer>")
+    second = await play_one_step(
         make("synthetic/cascade-v0", **FAST, cascade={"audit_probability": 1}), task, "<answer>0.5</answer>"
     )
     assert first.reward == second.reward
@@ -75,10 +68,12 @@ async def test_a_spent_budget_stops_the_run():
     cascade = {"audit_probability": 1, "budgets": {"truth": {"limit": 2.5, "unit": "gpu_h"}}}
     for seed in range(2):
         env = make("synthetic/cascade-v0", **options, cascade=cascade)
-        assert (await _play(env, env.make_task("train", seed), "<answer>0.5</answer>")).outcome is Outcome.OK
+        assert (
+            await play_one_step(env, env.make_task("train", seed), "<answer>0.5</answer>")
+        ).outcome is Outcome.OK
     env = make("synthetic/cascade-v0", **options, cascade=cascade)
     with pytest.raises(BudgetExhaustedError, match=r"'truth': 2 of its 2\.5 gpu_h"):
-        await _play(env, env.make_task("train", 2), "<answer>0.5</answer>")
+        await play_one_step(env, env.make_task("train", 2), "<answer>0.5</answer>")
 
 
 async def test_a_failing_stage_is_verifier_failed_with_no_reward():
@@ -88,7 +83,7 @@ async def test_a_failing_stage_is_verifier_failed_with_no_reward():
         return math.nan if stage.name == "truth" else 0.5
 
     env.unwrapped.evaluate = broken
-    result = await _play(env, env.make_task("train", 5), "<answer>0.5</answer>")
+    result = await play_one_step(env, env.make_task("train", 5), "<answer>0.5</answer>")
     assert result.outcome is Outcome.VERIFIER_FAILED and result.reward is None
     assert "cascade stage 'truth' answered a non-finite value" in result.info["error"]
 
@@ -102,7 +97,7 @@ async def test_top_k_passes_the_best_of_the_group_and_needs_a_group():
     for member, env in enumerate(envs):
         env.unwrapped.join_group(gate, member)
     results = await asyncio.gather(
-        *(_play(e, task, f"<answer>{a}</answer>") for e, a in zip(envs, answers, strict=True))
+        *(play_one_step(e, task, f"<answer>{a}</answer>") for e, a in zip(envs, answers, strict=True))
     )
     reached = [len(r.info["cascade"]["stages"]) for r in results]
     target = float(task.answer)
@@ -110,7 +105,7 @@ async def test_top_k_passes_the_best_of_the_group_and_needs_a_group():
     assert reached == [2 if i == best else 1 for i in range(len(answers))]
 
     alone = make("synthetic/cascade-v0", **options)
-    result = await _play(alone, task, "<answer>0.5</answer>")
+    result = await play_one_step(alone, task, "<answer>0.5</answer>")
     assert result.outcome is Outcome.ENV_ERROR and "joined no group" in result.info["error"]
 
 
@@ -128,7 +123,8 @@ async def test_a_member_that_fails_early_does_not_hold_up_its_group():
     envs[1].unwrapped.evaluate = broken
     ok, failed = await asyncio.wait_for(
         asyncio.gather(
-            _play(envs[0], task, "<answer>0.5</answer>"), _play(envs[1], task, "<answer>0.5</answer>")
+            play_one_step(envs[0], task, "<answer>0.5</answer>"),
+            play_one_step(envs[1], task, "<answer>0.5</answer>"),
         ),
         timeout=10,
     )
@@ -158,7 +154,7 @@ def test_a_restarted_process_pays_nothing_twice(tmp_path):
 
     def play():
         env = make("synthetic/cascade-v0", **FAST, cascade=cascade)
-        result = asyncio.run(_play(env, env.make_task("train", 4), "<answer>0.3</answer>"))
+        result = asyncio.run(play_one_step(env, env.make_task("train", 4), "<answer>0.3</answer>"))
         return CascadeRecord.model_validate(result.info["cascade"])
 
     before, after = play(), play()
@@ -180,11 +176,11 @@ async def test_the_test_split_at_truth_scores_the_truth_and_the_train_split_keep
     env = make("synthetic/cascade-v0", **options)
     text = "<answer>0.5</answer>"
     test_task, train_task = env.make_task("test", 3), env.make_task("train", 3)
-    held_out = CascadeRecord.model_validate((await _play(env, test_task, text)).info["cascade"])
+    held_out = CascadeRecord.model_validate((await play_one_step(env, test_task, text)).info["cascade"])
     assert [s.stage for s in held_out.stages] == ["proxy", "truth"]
     assert held_out.stages[1].run_probability == 1.0
     assert held_out.reward == pytest.approx(max(0.0, 1 - abs(0.5 - test_task.answer) / 0.25))
-    trained = await _play(make("synthetic/cascade-v0", **options), train_task, text)
+    trained = await play_one_step(make("synthetic/cascade-v0", **options), train_task, text)
     record = CascadeRecord.model_validate(trained.info["cascade"])
     assert [s.stage for s in record.stages] == ["proxy"]
     assert (
