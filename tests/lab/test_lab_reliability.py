@@ -105,7 +105,10 @@ def test_sigkill_client_resumes_from_journal_without_resubmitting(tmp_path):
         while time.monotonic() < deadline:  # kill once some are delivered and some are in flight
             time.sleep(0.1)
             if journal_path.exists():
-                rows = _journal_rows(journal_path)
+                try:
+                    rows = _journal_rows(journal_path)
+                except sqlite3.OperationalError:  # the child made the file but not yet its table
+                    continue
                 if (
                     sum(d for _, d in rows.values()) >= 20
                     and sum(j is not None and not d for j, d in rows.values()) >= 20
