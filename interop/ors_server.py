@@ -55,6 +55,7 @@ The protocol, as the SDK's client speaks it:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -446,15 +447,13 @@ class OrsServer:
         else:
             running = session.calls[task_id]
         await start_event_stream(request.send, event("task_id", task_id))
-        try:
+        with contextlib.suppress(OSError):  # the client went away; the call's outcome waits for its resume
             while not running.done():
                 done, _ = await asyncio.wait((running,), timeout=KEEPALIVE_S)
                 if not done:
                     await send_events(request.send, KEEPALIVE_COMMENT)
             kind, data = ("error", "the call was cancelled") if running.cancelled() else running.result()
             await send_events(request.send, event(kind, data), more=False)
-        except OSError:  # the client went away; the call's outcome waits for its resume
-            pass
         return STREAMED
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+from lm_backward import logits_after_backward
+from spawn_ranks import spawn_ranks
 
 from labrl.errors import ConfigError, LearnerError
 from labrl.harness.learners import LearnerConfig, MegatronLearner
@@ -19,7 +20,6 @@ from labrl.harness.models import build_gpt_model, causal_attention_mask, get_pre
 from labrl.harness.models.hf_export import hf_weights
 from labrl.harness.rollout.batching import collate
 from labrl.harness.types import Trajectory
-from labrl.ports import free_port
 
 SMALL = get_preset("tiny-moe").model_copy(
     update={"num_layers": 2, "hidden_size": 64, "moe_ffn_hidden_size": 32}
@@ -102,13 +102,7 @@ def test_forward_and_gradients_equal_sequential_mlp(dtype, tol):
     tokens = torch.randint(0, 256, (3, 40), generator=torch.Generator().manual_seed(1))
     positions = torch.arange(40).expand(3, 40)
     mask = causal_attention_mask(40)
-    logits = []
-    for model in (seq, grp):
-        out = model(input_ids=tokens, position_ids=positions, attention_mask=mask)
-        torch.nn.functional.cross_entropy(
-            out[:, :-1].float().flatten(0, 1), tokens[:, 1:].flatten()
-        ).backward()
-        logits.append(out.float())
+    logits = [logits_after_backward(model, tokens, positions, mask) for model in (seq, grp)]
     torch.testing.assert_close(logits[1], logits[0], **tol)
     for layer in range(SMALL.num_layers):
         got, want = expert_grads(experts_of(grp, layer)), expert_grads(experts_of(seq, layer))
@@ -331,19 +325,7 @@ def test_expert_parallel_over_gloo_matches_sequential(tmp_path):
 
     from labrl.harness.models.parallel_gather import gather_model_parallel_shards
 
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=worker.main, args=(r, 2, port, str(tmp_path))) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=360)
-    codes = [p.exitcode for p in procs]
-    for p in procs:
-        if p.exitcode is None:
-            p.kill()
-    assert codes == [0, 0], codes
-    results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    results = spawn_ranks(worker.main, (str(tmp_path),), tmp_path)
     for r in results:
         seq, grp = r["SequentialMLP"], r["TorchGroupedMLP"]
         assert (seq["type"], grp["type"]) == ("SequentialMLP", "TorchGroupedMLP")

@@ -11,31 +11,14 @@ from __future__ import annotations
 import model_parallel_worker as worker
 import pytest
 import torch
-import torch.multiprocessing as mp
+from spawn_ranks import spawn_ranks
 from weight_sync_support import MODELS, megatron_state, model_parallel_shards
 
 from labrl.harness.learners import LearnerConfig, MegatronLearner
 from labrl.harness.learners.model_parallel import ModelParallelSizes, gather_full_state, sequence_parallel
 from labrl.harness.models.routing import from_megatron_layout
-from labrl.ports import free_port
 
 pytestmark = pytest.mark.timeout(400)
-
-
-def _spawn(target, args: tuple, tmp_path, world: int = 2) -> list[dict]:
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=target, args=(r, world, port, *args)) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=360)
-    codes = [p.exitcode for p in procs]
-    for p in procs:
-        if p.exitcode is None:
-            p.kill()
-    assert codes == [0] * world, codes
-    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
 def test_single_process_export_is_the_local_state_unchanged():
@@ -61,7 +44,7 @@ def test_export_gathers_real_shards_over_megatron_groups_into_the_tp1_state(tp, 
             [k for k in state if ".local_experts." in k]
         )
     torch.save({"shards": shards, "num_experts": cfg.num_experts}, tmp_path / "shards.pt")
-    results = _spawn(worker.export_main, (tp, ep, str(tmp_path / "shards.pt"), str(tmp_path)), tmp_path)
+    results = spawn_ranks(worker.export_main, (tp, ep, str(tmp_path / "shards.pt"), str(tmp_path)), tmp_path)
     assert sorted(r["rank"] for r in results) == sorted(shards)
     for r in results:
         assert r["sizes"] == ModelParallelSizes(tp=tp, ep=ep, expert_tp=tp)
@@ -71,7 +54,7 @@ def test_export_gathers_real_shards_over_megatron_groups_into_the_tp1_state(tp, 
 
 
 def test_router_replay_gathers_and_scatters_sequence_parallel_routes(tmp_path):
-    results = _spawn(worker.routing_main, (str(tmp_path),), tmp_path)
+    results = spawn_ranks(worker.routing_main, (str(tmp_path),), tmp_path)
     assert [r["sp"] for r in results] == [(0, 2), (1, 2)]
     whole = [s.topk(worker.K, dim=-1).indices for s in worker.scores()]  # TP=1 routes, per layer [T*B, K]
     want = from_megatron_layout(whole, worker.B)
