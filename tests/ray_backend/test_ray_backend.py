@@ -64,7 +64,8 @@ async def test_quickstart_sync_under_ray_trains_the_same_batches_as_inprocess(ra
         assert x["learner/version"] == y["learner/version"]
     assert remote["ray"]["groups_played"] == 4
     assert "ray: env 1/1" in b[-1]["health"]
-    assert b[-1]["ray/group_payload_bytes"] > 0
+    # a per-step delta: a step whose groups all arrived before the previous record can read 0 under load
+    assert sum(r["ray/group_payload_bytes"] for r in b) > 0
 
 
 async def test_quickstart_pipeline_under_ray_is_in_the_inprocess_band(ray_cluster, tmp_path):
