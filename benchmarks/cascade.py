@@ -26,7 +26,13 @@ The arms (an arm is only overrides, so a new rule is one more line in ``ARMS``):
   at ``p`` of the rest;
 - ``informative``: the ``Informative`` rule (``informative_z``) passes the members whose group
   advantage sign the truth could flip, ``|c_i - mean c| < z sigma sqrt(1 - 1/n)``, and audits the
-  rest at the same ``p``.
+  rest at the same ``p``;
+- ``learnt-baseline``: no rule passes anything, every candidate is audited at ``p = 0.1``, and the
+  unaudited ones are rewarded with the learnt baseline ``b`` (``cascade.control_variate``:
+  ``nearest_truths``, the mean truth of the nearest paid candidates of other tasks by the answer's
+  offset from the hint), ``r = b + (A / p)(e - b)``;
+- ``learnt-baseline-200``: the same for 200 steps (its lr schedule over 200): a gated arm pays
+  for the truth on a tenth of its episodes, so it can train longer on the same truth compute.
 
 Every arm sets ``cascade.test_split_at_truth``: the held-out evaluation (``eval.jsonl``) runs the
 truth on every test candidate, so its ``reward_mean`` is the held-out truth reward ``mean e``.
@@ -73,11 +79,14 @@ PARTS = RESULTS / "cascade"
 EXPENSIVE_STAGE = "truth"
 BASELINE = "always-expensive"
 #: the arms that choose where to pay for the truth, each held to the goal
-GATED_ARMS = ("cascade", "informative")
+GATED_ARMS = ("cascade", "informative", "learnt-baseline", "learnt-baseline-200")
 #: the issue's goal: the cascade reaches the baseline's final reward with at most this share of its compute
 GOAL_COMPUTE_SHARE = 0.25
 PROBE_SIZE = 256
 PROBE_SEED_OFFSET = 9_000_000  # probe tasks far from every run's train seeds (run_seed * 1_000_003 + i)
+#: probe pairs scored first, on other tasks, so a rule or baseline that learns from paid values has some
+PROBE_WARMUP = 1024
+PROBE_WARMUP_CHUNK = 4  # groups scored at once during the warm-up (what they pay teaches the next chunk)
 
 #: the benchmark's own tuning of configs/cascade-synthetic.yaml: learnable in a few minutes on 2 cores
 TUNING = [
@@ -94,11 +103,23 @@ TUNING = [
     "pipeline.progress=false", "cascade.test_split_at_truth=true", "cascade.budgets={}",
 ]  # fmt: skip
 
+LEARNT_BASELINE = [
+    "env.options.pass_threshold=1.0e+9",
+    "cascade.audit_probability=0.1",
+    "cascade.control_variate.kind=nearest_truths",
+]
 ARMS: dict[str, list[str]] = {
     "always-expensive": ["cascade.audit_probability=1.0"],
     "always-cheap": ["env.options.pass_threshold=1.0e+9", "cascade.audit_probability=1.0e-4"],
     "cascade": ["env.options.pass_threshold=0.9", "cascade.audit_probability=0.1"],
     "informative": ["env.options.informative_z=0.1", "cascade.audit_probability=0.1"],
+    "learnt-baseline": LEARNT_BASELINE,
+    # the same, twice the steps (its lr schedule over 200): the truth it pays is what is compared
+    "learnt-baseline-200": [
+        *LEARNT_BASELINE,
+        "pipeline.total_steps=200",
+        "learner.optimizer.total_steps=200",
+    ],
 }
 
 
@@ -171,7 +192,10 @@ async def reward_fidelity(arm: str, seed: int, size: int = PROBE_SIZE) -> dict[s
     """The arm's reward ``r`` against the truth ``e`` on fixed (task, answer) pairs, through its env.
 
     The pairs come in groups of the run's ``group_size`` answers to one task, each group scored as
-    one GRPO group (a shared ``GroupGate``), so a rule that decides by the group sees one."""
+    one GRPO group (a shared ``GroupGate``), so a rule that decides by the group sees one. First
+    ``PROBE_WARMUP`` pairs of other tasks go through the arm's env a few groups at a time, unmeasured:
+    what a learning rule (``Informative``'s sigma) or a learnt baseline knows in a run comes from the
+    values it paid for before, and a probe scored cold would measure none of it."""
     from labrl.envs import Action
     from labrl.envs.cascade import GroupGate
     from labrl.harness.backends.parts import make_env_factory
@@ -207,12 +231,21 @@ async def reward_fidelity(arm: str, seed: int, size: int = PROBE_SIZE) -> dict[s
         return list(await asyncio.gather(*(one(m, t) for m, t in enumerate(texts))))
 
     tasks_of = make_arm()  # make_task is pure: one env names every probe task
-    groups = []
-    for i in range(size // group):
-        hint = tasks_of.make_task("train", PROBE_SEED_OFFSET + i).prompt["hint"]
-        answers = [min(1.0, max(0.0, hint + rng.uniform(-0.3, 0.3))) for _ in range(group)]
-        groups.append((PROBE_SEED_OFFSET + i, [f"<answer>{a:.3f}</answer>" for a in answers]))
+
+    def probe_groups(first_seed: int, count: int) -> list[tuple[int, list[str]]]:
+        groups = []
+        for i in range(count):
+            hint = tasks_of.make_task("train", first_seed + i).prompt["hint"]
+            answers = [min(1.0, max(0.0, hint + rng.uniform(-0.3, 0.3))) for _ in range(group)]
+            groups.append((first_seed + i, [f"<answer>{a:.3f}</answer>" for a in answers]))
+        return groups
+
+    groups = probe_groups(PROBE_SEED_OFFSET, size // group)
+    warmup = probe_groups(PROBE_SEED_OFFSET + 100_000, PROBE_WARMUP // group)
     try:
+        for start in range(0, len(warmup), PROBE_WARMUP_CHUNK):
+            chunk = warmup[start : start + PROBE_WARMUP_CHUNK]
+            await asyncio.gather(*(score_group(make_arm, s, t) for s, t in chunk))
         rewards = [
             r for g in await asyncio.gather(*(score_group(make_arm, s, t) for s, t in groups)) for r in g
         ]

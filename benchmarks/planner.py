@@ -25,7 +25,9 @@ between runs:
 
     steps/s        = (last step - first step) / (time_s there - time_s here)   over the window
     learner idle   = 1 - (busy_s(last) - busy_s(first)) / (time_s(last) - time_s(first)),
-                     busy_s = busy/learner x time_s (cumulative from the run's start)
+                     busy_s = busy/learner_step x time_s (cumulative from the run's start; the
+                     learner's whole step, as the simulator's learner is busy; busy/learner, train_step
+                     alone, for runs recorded before busy/learner_step existed)
     staleness p99  = p99 of version_at_train - token_versions[0] over the window's trained episodes
     errors         : steps/s relative, predicted / measured - 1 (goal |.| <= 0.15);
                      staleness p99 and learner idle absolute, predicted - measured (goal |p99| <= 1)
@@ -175,7 +177,8 @@ def measure(run_dir: Path) -> dict[str, Any]:
     skip = min(int(len(records) * WARMUP_FRACTION), len(records) - 2)
     first, last = records[skip], records[-1]
     span = last["time_s"] - first["time_s"]
-    busy_s = last["busy/learner"] * last["time_s"] - first["busy/learner"] * first["time_s"]
+    busy = "busy/learner_step" if "busy/learner_step" in last else "busy/learner"
+    busy_s = last[busy] * last["time_s"] - first[busy] * first["time_s"]
     staleness = sorted(
         r["version_at_train"] - r["token_versions"][0]
         for r in read_episode_traces(run_dir)

@@ -419,7 +419,7 @@ def _check_record(result: StepResult, stages: tuple[Stage, ...], audit: float, f
             raise CheckFailed(
                 f"stage {reached.stage!r} ran with probability {reached.run_probability}, not {expected}"
             )
-    estimate = cascade_reward(record.values, record.run_probabilities)
+    estimate = cascade_reward(record.values, record.run_probabilities, record.baseline)
     if result.reward is None or abs(result.reward - estimate) > 1e-9 or abs(record.reward - estimate) > 1e-9:
         raise CheckFailed(f"reward {result.reward} is not the estimator's {estimate} of the record")
     if full and (len(record.stages) != len(stages) or abs(estimate - record.values[-1]) > 1e-9):

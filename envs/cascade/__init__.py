@@ -2,10 +2,11 @@
 
 The contract (``stages``), the estimator (``estimator``), the ``cascade:`` section (``config``),
 the budget ledger (``ledger``), the env base (``env``), the group context of top-k rules
-(``group``) and the synthetic env (``synthetic``). Guide: docs/rewards-that-cost-money.md.
+(``group``), the learnt control variate (``baseline``) and the synthetic env (``synthetic``). Guide: docs/rewards-that-cost-money.md.
 """
 
-from labrl.envs.cascade.config import CascadeSection, StageBudget
+from labrl.envs.cascade.baseline import NearestTruths
+from labrl.envs.cascade.config import CascadeSection, ControlVariate, StageBudget
 from labrl.envs.cascade.env import CascadeEnv, audit_uniform, stage_key
 from labrl.envs.cascade.estimator import audited_proxy_variance, cascade_reward, conditional_variance
 from labrl.envs.cascade.group import GroupGate
@@ -26,11 +27,13 @@ __all__ = [
     "CascadeEnv",
     "CascadeRecord",
     "CascadeSection",
+    "ControlVariate",
     "CostUnit",
     "GroupGate",
     "Informative",
     "Latency",
     "MemoryLedger",
+    "NearestTruths",
     "SqliteLedger",
     "Stage",
     "StageBudget",

@@ -9,6 +9,8 @@ Owned by the cascade component (not ``env.budgets``, which are per-episode time 
       ledger_path: runs/x/cascade-ledger.sqlite   # None: RUN_DIR/cascade-ledger.sqlite under labrl train, else in memory
       budgets:
         dft: {limit: 2.0, unit: gpu_h}  # the run may charge stage "dft" at most 2 GPU-hours
+      control_variate:                # what an unaudited episode is rewarded with (labrl.envs.cascade.baseline)
+        kind: proxy                   # the cheap stage's value; nearest_truths: learnt from paid truths
 
 A stage without a budget is unlimited (but still recorded, so it is never paid twice). A budget
 names its unit so that a limit written in the wrong unit is refused against the stage's
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Sequence
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -47,6 +50,28 @@ class StageBudget(_Section):
         return self
 
 
+class ControlVariate(_Section):
+    """The baseline ``b`` in ``r = b + (A / q)(e - b)`` (``labrl.envs.cascade.baseline``).
+
+    ``proxy``: ``b = c``, the cheap stage's value. ``nearest_truths``: ``b`` is the mean truth of the
+    ``neighbours`` nearest of the last ``window`` paid candidates of other tasks, once ``min_truths``
+    are stored (``c`` until then).
+    """
+
+    kind: Literal["proxy", "nearest_truths"] = "proxy"
+    neighbours: int = Field(default=8, ge=1, le=4096)
+    min_truths: int = Field(default=64, ge=1, le=100_000)
+    window: int = Field(default=4096, ge=1, le=100_000)
+
+    @model_validator(mode="after")
+    def _fits_the_window(self) -> ControlVariate:
+        if max(self.neighbours, self.min_truths) > self.window:
+            raise ValueError(
+                f"neighbours ({self.neighbours}) and min_truths ({self.min_truths}) must fit in the window ({self.window})"
+            )
+        return self
+
+
 class CascadeSection(_Section):
     audit_probability: float = Field(
         default=0.1,
@@ -65,6 +90,9 @@ class CascadeSection(_Section):
         description="SQLite budget ledger; None: RUN_DIR/cascade-ledger.sqlite under labrl train, else in memory",
     )
     budgets: dict[str, StageBudget] = Field(default_factory=dict, description="per-stage budgets")
+    control_variate: ControlVariate = Field(
+        default_factory=ControlVariate, description="what stands in for the truth where it did not run"
+    )
 
     def check_against(self, stages: Sequence[Stage], env_id: str) -> None:
         """Every budget names a stage of the env, in that stage's unit; ``ConfigError`` otherwise."""

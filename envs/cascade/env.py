@@ -19,7 +19,11 @@ key)``: deterministic for a candidate, so replaying an episode gives the same re
 independent of the candidate's values at the stage being decided. Each stage call is paid through
 the budget ledger (``labrl.envs.cascade.ledger``) under ``stage_key``; the reward is
 ``cascade_reward`` of the values reached (``labrl.envs.cascade.estimator``), and
-``info["cascade"]`` holds the ``CascadeRecord``.
+``info["cascade"]`` holds the ``CascadeRecord``. With ``cascade.control_variate.kind: nearest_truths``
+a learnt baseline ``b`` (``labrl.envs.cascade.baseline``; its inputs ``baseline_inputs``, by
+default the first stage's value) stands in for the first stage's value, predicted before the second stage's
+draw; every train-split candidate that reaches the second stage teaches it (test-split truths
+never do, so no held-out truth shapes a training reward).
 
 A stage that fails or answers NaN is ``VerifierError`` naming the stage (outcome
 ``verifier_failed``, no reward); a spent budget is ``BudgetExhaustedError``, which stops the run.
@@ -34,10 +38,11 @@ import math
 import time
 import weakref
 from abc import abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from labrl.envs.base import Env
+from labrl.envs.cascade.baseline import NearestTruths, shared_baseline
 from labrl.envs.cascade.config import CascadeSection
 from labrl.envs.cascade.estimator import cascade_reward
 from labrl.envs.cascade.group import GroupGate
@@ -128,6 +133,12 @@ class CascadeEnv(Env):
     async def evaluate(self, stage: Stage, candidate: Any) -> float:
         """``stage``'s value for ``candidate``, on the episode's reward scale."""
 
+    def baseline_inputs(self, candidate: Any, first_value: float) -> tuple[float, ...]:
+        """What the learnt baseline predicts the next stage from: by default the first stage's value
+        alone (a calibration of the proxy); an env that knows more of the candidate (its offset from
+        a hint, a geometry relative to experiment) says so here. Fixed length per env."""
+        return (first_value,)
+
     async def step(self, action: Action) -> StepResult:
         task = self.episode_task()
         record = await self.run_cascade(task, self.candidate(action))
@@ -139,9 +150,12 @@ class CascadeEnv(Env):
         text = self.candidate_text(candidate)
         records: list[StageRecord] = []
         every_stage = self.cascade.test_split_at_truth and task.split == "test"
+        baseline: float | None = None
         for index, stage in enumerate(self.stages):
             key = stage_key(task, stage.name, text)
             probability, passed = 1.0, True
+            if index == 1 and not every_stage:  # before the draw: b must not depend on it
+                baseline = self._baseline(task, records[0].value, candidate)
             if index > 0 and not every_stage:
                 passed = await self._passes(self.stages[index - 1], records[-1].value)
                 probability = 1.0 if passed else self.cascade.audit_probability
@@ -152,12 +166,45 @@ class CascadeEnv(Env):
                 shared_gaps(task.env_id, self.stages[index - 1].name).add(
                     records[-1].value - records[-2].value
                 )
+            if index == 1 and task.split == "train":  # held-out truths never shape a training reward
+                self._teach_baseline(task, records[0].value, candidate, records[1].value)
         self._withdraw_after(len(records))
         values = [r.value for r in records]
-        reward = cascade_reward(values, [r.run_probability for r in records[1:]])
+        reward = cascade_reward(values, [r.run_probability for r in records[1:]], baseline)
         return CascadeRecord(
-            stages=tuple(records), reward=reward, declared=tuple(s.name for s in self.stages)
+            stages=tuple(records),
+            reward=reward,
+            declared=tuple(s.name for s in self.stages),
+            baseline=baseline,
         )
+
+    def _baseline(self, task: Task, first_value: float, candidate: Any) -> float | None:
+        """The learnt ``b`` for this candidate, or None (the plain estimator) when none is configured or learnt yet."""
+        return self._with_baseline_model(
+            task, lambda model, key, x: model.predict(key, x), first_value, candidate
+        )
+
+    def _teach_baseline(self, task: Task, first_value: float, candidate: Any, next_value: float) -> None:
+        self._with_baseline_model(
+            task, lambda model, key, x: model.add(key, x, next_value), first_value, candidate
+        )
+
+    def _with_baseline_model(
+        self,
+        task: Task,
+        use: Callable[[NearestTruths, str, tuple[float, ...]], Any],
+        first_value: float,
+        candidate: Any,
+    ) -> Any:
+        section = self.cascade.control_variate
+        if section.kind == "proxy":
+            return None
+        model = shared_baseline(task.env_id, self.stages[0].name, section)
+        inputs = self.baseline_inputs(candidate, first_value)
+        try:
+            return use(model, f"{task.split}/{task.task_id}", inputs)
+        except ValueError as exc:  # the env's baseline_inputs broke its contract
+            raise EnvError(f"{task.env_id}: baseline_inputs {inputs!r}: {exc}") from exc
 
     async def _run_stage(
         self, ledger: BudgetLedger, key: str, stage: Stage, candidate: Any, probability: float, passed: bool

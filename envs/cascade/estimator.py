@@ -56,6 +56,17 @@ under the expensive reward, including the factor ``(1 - 1/G)`` that the group me
 - a rule that looks at the stage being decided (re-run DFT when DFT "looks off"), or a ``q``
   that is not the probability actually used, breaks ``E[A_k | s] = P_k``;
 - ``r`` is not bounded by the truth's range: ``c + (e - c) / p`` can leave ``[0, 1]``.
+
+**A baseline in place of the proxy.** Nothing above used ``s_0`` but as the start of the telescoping
+sum, so any ``b`` that is fixed before the draws (a function of the earlier stages, of what the env
+knows of the candidate, of other episodes' paid values, never of this episode's ``A_k``) may stand
+in for it::
+
+    r = b + (A_1 / P_1)(s_1 - b) + sum_{k>=2} (A_k / P_k)(s_k - s_{k-1}),     E[r | s, b] = s_K
+
+and the variance formula holds with ``d_1 = s_1 - b``; two stages: ``Var(r | s, b) = (1 - q)/q (e - b)^2``.
+A ``b`` that predicts the truth better than the proxy does (``labrl.envs.cascade.baseline``) shrinks
+the audit noise without touching the mean.
 """
 
 from __future__ import annotations
@@ -75,11 +86,14 @@ def cumulative_probabilities(run_probabilities: Sequence[float]) -> list[float]:
     return out
 
 
-def cascade_reward(values: Sequence[float], run_probabilities: Sequence[float]) -> float:
+def cascade_reward(
+    values: Sequence[float], run_probabilities: Sequence[float], baseline: float | None = None
+) -> float:
     """``r = s_0 + sum_k (s_k - s_{k-1}) / P_k`` over the reached stages (module docstring).
 
     ``values``: ``s_0..s_m`` of the stages the episode reached; ``run_probabilities``: ``q_1..q_m``
-    with which stages ``1..m`` ran (one fewer than ``values``).
+    with which stages ``1..m`` ran (one fewer than ``values``). ``baseline``: a ``b`` fixed before
+    the draws that stands in for ``s_0`` (``r = b + (s_1 - b) / P_1 + ...``; module docstring).
     """
     if not values:
         raise ValueError("a cascade reward needs the value of at least the first stage")
@@ -87,6 +101,7 @@ def cascade_reward(values: Sequence[float], run_probabilities: Sequence[float]) 
         raise ValueError(
             f"{len(values)} stage values need {len(values) - 1} run probabilities, got {len(run_probabilities)}"
         )
+    values = [values[0] if baseline is None else baseline, *values[1:]]
     reward = values[0]
     for k, prob in enumerate(cumulative_probabilities(run_probabilities), start=1):
         reward += (values[k] - values[k - 1]) / prob

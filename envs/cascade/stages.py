@@ -170,6 +170,10 @@ class CascadeRecord(_Record):
     stages: tuple[StageRecord, ...] = Field(min_length=1)
     reward: float
     declared: tuple[str, ...] = Field(description="the names of all the env's stages, in order")
+    baseline: float | None = Field(
+        default=None,
+        description="the learnt b that stood in for the first stage's value (None: the value itself)",
+    )
 
     @model_validator(mode="after")
     def _a_prefix_of_the_declared_stages(self) -> CascadeRecord:

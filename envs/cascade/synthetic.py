@@ -165,6 +165,11 @@ class SyntheticCascadeEnv(CascadeEnv):
     def candidate_text(self, candidate: float) -> str:
         return repr(candidate)
 
+    def baseline_inputs(self, candidate: float, first_value: float) -> tuple[float, ...]:
+        # the answer's offset from the hint: the truth is a function of it up to the hint's rounding;
+        # the proxy's value adds only its noise (measured: residual sd 0.05 with it, 0.02 without)
+        return (candidate - float(self.episode_task().prompt["hint"]),)
+
     async def evaluate(self, stage: Stage, candidate: float) -> float:
         task = self.episode_task()
         rng = random.Random(hashlib.sha256(f"{task.task_id}/{stage.name}/{candidate!r}".encode()).digest())

@@ -496,6 +496,7 @@ class Orchestrator:
                 self.traces.trained(groups, version_at_train=version, step=self.step)
             weights = await asyncio.to_thread(self.learner.export_weights)
             await self.weights.publish(weights, self.learner.version, episodes_in_flight=bool(self._inflight))
+            self.metrics.learner_step_s += time.perf_counter() - t0
             record = self.metrics.step_record(
                 step=self.step,
                 cfg=self.cfg,

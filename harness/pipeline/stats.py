@@ -6,6 +6,9 @@ finished, rewards, env and generation latencies, overlong flags) and turns it
 into the record written to ``metrics.jsonl``:
 
 - ``busy/learner`` = seconds inside ``train_step`` / wall seconds since the run started;
+- ``busy/learner_step`` = seconds of the learner's whole step (``train_step``, the weight export
+  and its publication to the sampler) / the same wall seconds: a learner-bound run steps at
+  ``1 / (busy/learner_step x time_s / step)``, not at ``train_step``'s rate;
 - ``busy/sampler`` = (sampler ``stats["busy_s"]`` now - at the start) / wall seconds;
 - ``throughput/*`` = tokens (samples) since the previous step / seconds since it;
 - ``staleness/*`` over the trained tokens: learner version at the step minus the
@@ -178,6 +181,7 @@ class StepStats:
     def __init__(self, sampler: Sampler) -> None:
         self.sampler = sampler
         self.learner_busy_s = 0.0
+        self.learner_step_s = 0.0  # train_step + export + publish (busy/learner_step)
         self.time_offset_s = 0.0  # training seconds of earlier processes of this run (resume)
         self._window = _new_window()
         self._outcomes_by_env: dict[str, Counter] = {}
@@ -283,6 +287,7 @@ class StepStats:
             "throughput/tokens_per_s": w["tokens"] / dt,
             "throughput/samples_per_s": len(trajectories) / dt,
             "busy/learner": self.learner_busy_s / wall,
+            "busy/learner_step": self.learner_step_s / wall,
             "busy/sampler": (self.sampler_busy_s() - self._sampler_busy_at_start) / wall,
             "step_s": dt,
         }

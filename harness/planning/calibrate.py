@@ -18,8 +18,11 @@ From ``episodes.jsonl`` (``pipeline.traces``), over every episode with a line:
 
 From ``metrics.jsonl`` (its last record ``L`` and the mean over records):
 
-- ``learner_step_s`` ``D = L[busy/learner] x L[time_s] / L[step]`` (exact for a run that was
-  never resumed; a resumed one scales the last process's busy fraction to the whole run);
+- ``learner_step_s`` ``D = L[busy/learner_step] x L[time_s] / L[step]``: the learner's whole step,
+  ``train_step`` and the weight export and publication after it, which a learner-bound run waits
+  for (10-17 % beyond ``train_step`` in the planner benchmark's runs); ``busy/learner``
+  (``train_step`` alone) for a run recorded before ``busy/learner_step`` existed. Exact for a run
+  that was never resumed; a resumed one scales the last process's busy fraction to the whole run;
 - ``sampler_tokens_per_s`` ``R = mean(throughput/tokens_per_s) / L[busy/sampler]``: the rate the
   sampler would sustain busy all the time (``mean`` alone where the sampler reports no busy
   time); used where the decode fit falls back to the fixed rate: ``kv_slots = max(1, round(R / r))``
@@ -94,7 +97,8 @@ def calibrate_machines(metrics: list[dict[str, Any]]) -> MachineCalibration:
     if not metrics:
         raise ConfigError("metrics.jsonl has no step to calibrate the learner from")
     last = metrics[-1]
-    learner_step_s = float(last["busy/learner"]) * float(last["time_s"]) / int(last["step"])
+    busy_learner = last.get("busy/learner_step", last["busy/learner"])
+    learner_step_s = float(busy_learner) * float(last["time_s"]) / int(last["step"])
     rates = [float(m["throughput/tokens_per_s"]) for m in metrics]
     busy = float(last.get("busy/sampler") or 0.0)
     mean_rate = sum(rates) / len(rates)

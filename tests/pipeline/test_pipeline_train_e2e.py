@@ -46,6 +46,8 @@ async def test_train_writes_a_run_directory_resumes_and_reports(letter_env, tmp_
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["learner/router_replay"] == 1.0 for r in rows)  # routed experts reached the learner
     assert all(r["samples/trained"] == 8 for r in rows)
+    # the learner's whole step (train_step, export, publish) holds train_step and is within the wall time
+    assert all(0 < r["busy/learner"] < r["busy/learner_step"] <= 1 for r in rows)
     assert [json.loads(x)["step"] for x in (run / "eval.jsonl").read_text().splitlines()] == [0, 2, 3]
     assert len((run / "sft.jsonl").read_text().splitlines()) == 2
     assert (run / "checkpoints" / "latest").read_text() == "step_000003"

@@ -52,6 +52,23 @@ def test_rates_keep_rate_and_the_learner_from_the_fixture():
     assert kv_slots(load_run_config(CONFIG, ["sampler.local.max_batch_size=1"]), machines, episodes) == 1
 
 
+def test_the_learner_step_is_the_whole_step_where_the_run_recorded_it():
+    """``busy/learner_step`` (train_step + export + publish) over ``busy/learner`` (train_step alone)."""
+    from labrl.harness.planning.calibrate import calibrate_machines
+
+    record = {
+        "step": 10,
+        "time_s": 20.0,
+        "busy/learner": 0.4,
+        "busy/sampler": 0.5,
+        "throughput/tokens_per_s": 50.0,
+    }
+    assert calibrate_machines([record]).learner_step_s == pytest.approx(0.4 * 20 / 10)
+    whole = calibrate_machines([{**record, "busy/learner_step": 0.46}])
+    assert whole.learner_step_s == pytest.approx(0.46 * 20 / 10)
+    assert whole.sampler_tokens_per_s == pytest.approx(100.0)
+
+
 def test_a_run_without_traces_is_a_config_error(tmp_path):
     shutil.copy(RUN / "metrics.jsonl", tmp_path / "metrics.jsonl")
     with pytest.raises(ConfigError, match="episode_traces"):
