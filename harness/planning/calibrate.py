@@ -20,7 +20,7 @@ From ``metrics.jsonl`` (its last record ``L`` and the mean over records):
 
 - ``learner_step_s`` ``D = L[busy/learner_step] x L[time_s] / L[step]``: the learner's whole step,
   ``train_step`` and the weight export and publication after it, which a learner-bound run waits
-  for (10-17 % beyond ``train_step`` in the planner benchmark's runs); ``busy/learner``
+  for (0.2-2 % of the wall time beyond ``train_step`` in the planner benchmark's runs); ``busy/learner``
   (``train_step`` alone) for a run recorded before ``busy/learner_step`` existed. Exact for a run
   that was never resumed; a resumed one scales the last process's busy fraction to the whole run;
 - ``sampler_tokens_per_s`` ``R = mean(throughput/tokens_per_s) / L[busy/sampler]``: the rate the

@@ -27,6 +27,13 @@ def test_the_run_hands_its_cascade_section_to_the_env(tmp_path):
     env = make_env_factory(cfg)()
     assert env.unwrapped.cascade == cfg.cascade
     assert env.unwrapped.cascade.budgets["truth"].limit == 10.0
+    assert env.unwrapped.cascade.control_variate.kind == "proxy"  # the plain estimator unless asked
+    learnt = load_run_config(
+        CONFIG, ["cascade.control_variate.kind=nearest_truths", "cascade.control_variate.neighbours=4"]
+    )
+    assert make_env_factory(learnt)().unwrapped.cascade.control_variate.neighbours == 4
+    with pytest.raises(ConfigError, match="neighbour"):
+        load_run_config(CONFIG, ["cascade.control_variate.neighbour=4"])
     both = load_run_config(CONFIG, ["env.options.cascade={seed: 1}"])
     with pytest.raises(ConfigError, match="not both"):
         make_env_factory(both)

@@ -125,3 +125,12 @@ def test_the_contract_checker_passes():
     assert report.passed, [c for c in report.checks if not c.passed]
     cascade = next(c for c in report.checks if c.name == "cascade")
     assert "failing stage 'dft' -> verifier_failed" in cascade.detail
+
+
+async def test_the_learnt_baseline_sees_the_screen_and_the_stretch_against_experiment():
+    """``baseline_inputs``: CHGNet's reward and d / d_exp - 1, which carries across molecules."""
+    env = make(ENV_ID)
+    task = env.make_task("test", 0)
+    await env.reset(task)
+    d_exp = MOLECULES[task.prompt["molecule"]].d_exp
+    assert env.unwrapped.baseline_inputs(1.1 * d_exp, 0.7) == pytest.approx((0.7, 0.1))
