@@ -46,6 +46,7 @@ from labrl.envs.actions import parse_action
 from labrl.envs.base import Env
 from labrl.envs.cascade.env import CascadeEnv
 from labrl.envs.cascade.estimator import cascade_reward
+from labrl.envs.cascade.group import GroupGate
 from labrl.envs.cascade.stages import CascadeRecord, Stage
 from labrl.envs.episode import run_episode, scripted_policy
 from labrl.envs.registry import make
@@ -109,6 +110,17 @@ async def _random_step(env: Env) -> tuple[Task, Observation, StepResult, float]:
         await env.close()
 
 
+def _alone(env: Env) -> Env:
+    """``env``, joined to a group of one where it is a cascade whose rules decide by the group.
+
+    The checker plays single episodes; as a group of one, ``TopK`` passes the candidate (rank 0)
+    and ``Informative`` passes nobody (a group of one has no advantage), so the audit decides."""
+    inner = env.unwrapped
+    if isinstance(inner, CascadeEnv) and inner.needs_group_gate:
+        inner.join_group(GroupGate(1), 0)
+    return env
+
+
 class _Checker:
     def __init__(self, env_id: str, seeds: int, make_kwargs: dict[str, Any]) -> None:
         self.env_id = env_id
@@ -116,12 +128,12 @@ class _Checker:
         self.make_kwargs = make_kwargs
 
     def fresh(self, **budgets: Any) -> Env:
-        return make(self.env_id, budgets=budgets or None, **self.make_kwargs)
+        return _alone(make(self.env_id, budgets=budgets or None, **self.make_kwargs))
 
     def fully_audited(self) -> Env:
         """A fresh cascade env whose every stage runs (``cascade.audit_probability = 1``)."""
         cascade = {**(self.make_kwargs.get("cascade") or {}), "audit_probability": 1.0}
-        return make(self.env_id, **{**self.make_kwargs, "cascade": cascade})
+        return _alone(make(self.env_id, **{**self.make_kwargs, "cascade": cascade}))
 
     async def cascade_stages(self) -> tuple[tuple[Stage, ...], float] | None:
         """The stages and audit probability of a cascade env; None for any other env."""

@@ -17,7 +17,14 @@ FAST = {"proxy_latency_s": 1e-4, "truth_latency_s": 1e-4}
 
 
 @pytest.mark.parametrize(
-    "options", [{}, {"proxy_shift": 0.3, "proxy_offset": -0.2, "cascade": {"audit_probability": 0.2}}]
+    "options",
+    [
+        {},
+        {"proxy_shift": 0.3, "proxy_offset": -0.2, "cascade": {"audit_probability": 0.2}},
+        # the group rules: the checker plays each episode as a group of one
+        {"top_k": 1, "cascade": {"audit_probability": 0.3}},
+        {"informative_z": 0.5, "cascade": {"audit_probability": 0.3}},
+    ],
 )
 def test_the_contract_checker_passes_the_synthetic_cascade(options):
     report = check_env("synthetic/cascade-v0", seeds=4, **options)
