@@ -23,7 +23,10 @@ episodes may be in flight (at most ``(L_k - spent_k) / c_k - G``): admission slo
 Step metrics (``step_metrics``), for each stage: ``cascade/<stage>/spent``, ``/cost_per_episode``
 (``c_k``), and with a budget ``/limit`` and ``/left`` (``L_k - spent_k``); for each stage with a rule,
 ``/pass_rate``: of the episodes finished since the last step that reached the stage, the fraction
-its rule passed on (audits excluded).
+its rule passed on (audits excluded). With a learnt baseline (``cascade.control_variate``),
+``cascade/learnt_baseline_frac``: of the episodes finished since the last step that had a cascade
+record, the fraction rewarded with the learnt ``b`` in the proxy's place (0 until it has its first
+truths).
 """
 
 from __future__ import annotations
@@ -53,6 +56,10 @@ class CascadeBudget:
         self._charged: dict[str, float] = {}
         self._reached: Counter[str] = Counter()  # since the last step record
         self._passed: Counter[str] = Counter()
+        self._with_baseline = [
+            0,
+            0,
+        ]  # episodes with a learnt b, episodes with a record; since the last record
 
     @classmethod
     def of(cls, env: Env) -> CascadeBudget | None:
@@ -71,6 +78,8 @@ class CascadeBudget:
             if "cascade" not in t.info:
                 continue
             record = CascadeRecord.model_validate(t.info["cascade"])
+            self._with_baseline[0] += record.baseline is not None
+            self._with_baseline[1] += 1
             for index, stage in enumerate(record.stages):
                 self._charged[stage.stage] = self._charged.get(stage.stage, 0.0) + stage.cost
                 self._reached[stage.stage] += 1
@@ -124,6 +133,10 @@ class CascadeBudget:
             if stage.pass_on is not None:
                 reached = self._reached[stage.name]
                 out[f"{prefix}/pass_rate"] = self._passed[stage.name] / reached if reached else None
+        if self.env.cascade.control_variate.kind != "proxy":
+            learnt, recorded = self._with_baseline
+            out["cascade/learnt_baseline_frac"] = learnt / recorded if recorded else None
         self._reached.clear()
         self._passed.clear()
+        self._with_baseline = [0, 0]
         return out

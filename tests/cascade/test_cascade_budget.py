@@ -29,14 +29,15 @@ def _budget(limit: float, truth_cost: float) -> CascadeBudget:
     return budget
 
 
-def _episode(truth_cost: float | None) -> Trajectory:
-    """A finished episode that paid the proxy, and the truth at ``truth_cost`` (None: not reached)."""
+def _episode(truth_cost: float | None, baseline: float | None = None) -> Trajectory:
+    """A finished episode that paid the proxy, and the truth at ``truth_cost`` (None: not reached);
+    ``baseline``: the learnt b it was rewarded with."""
     stages = [StageRecord(stage="proxy", value=0.5, cost=0.01, cost_unit=CostUnit.CPU_S, seconds=0.0,
                           run_probability=1.0, passed_rule=True)]  # fmt: skip
     if truth_cost is not None:
         stages.append(StageRecord(stage="truth", value=0.4, cost=truth_cost, cost_unit=CostUnit.GPU_H,
                                   seconds=0.0, run_probability=1.0, passed_rule=True))  # fmt: skip
-    record = CascadeRecord(stages=tuple(stages), reward=0.4, declared=("proxy", "truth"))
+    record = CascadeRecord(stages=tuple(stages), reward=0.4, declared=("proxy", "truth"), baseline=baseline)
     return Trajectory(
         env_id="synthetic/cascade-v0", task_id="t", group_id="g", tokens_T=[1], loss_mask_T=[1],
         logprobs_T=[0.0], versions_T=[0], reward=0.4, outcome="ok", finish_reason="stop", num_turns=1,
@@ -70,6 +71,19 @@ def test_the_step_metrics_report_spend_what_is_left_and_the_pass_rate():
     assert budget.step_metrics()["cascade/proxy/pass_rate"] is None  # the window restarts each step
     line = summary_line({"step": 3, **metrics}, total_steps=10)
     assert line.endswith("budget left truth 3.5/4")
+    assert "cascade/learnt_baseline_frac" not in metrics  # the plain estimator: nothing to report
+
+
+def test_the_step_metrics_report_the_share_rewarded_with_a_learnt_baseline():
+    env = make("synthetic/cascade-v0", **FAST, cascade={"control_variate": {"kind": "nearest_truths"}})
+    budget = CascadeBudget.of(env)
+    assert budget is not None
+    assert budget.step_metrics()["cascade/learnt_baseline_frac"] is None  # no episode yet
+    budget.observe(
+        [_episode(None), _episode(None, baseline=0.3), _episode(0.25, baseline=0.6), _episode(None, 0.2)]
+    )
+    assert budget.step_metrics()["cascade/learnt_baseline_frac"] == 0.75
+    assert budget.step_metrics()["cascade/learnt_baseline_frac"] is None  # the window restarts each step
 
 
 async def test_a_run_with_budget_to_spare_reports_it_per_step_and_in_the_report(tmp_path):
