@@ -34,6 +34,7 @@ import torch
 import torch.utils._pytree
 from rollout_builders import as_trajectories, random_requests
 from torch.overrides import TorchFunctionMode
+from torch_modes import op_name, to_host
 
 from labrl.harness.learners import LearnerConfig, MegatronLearner
 from labrl.harness.models import get_preset
@@ -107,7 +108,7 @@ class DeviceAudit(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        name = getattr(func, "__name__", "")
+        name = op_name(func)
         module, where = _caller_module()
         watched = module.startswith(WATCHED)
         out = func(*args, **kwargs)
@@ -127,17 +128,12 @@ class DeviceAudit(TorchFunctionMode):
             if not downloads_host:
                 self.copies[module] = self.copies.get(module, 0) + 1
                 self.copy_sites[f"{where} {name}"] = self.copy_sites.get(f"{where} {name}", 0) + 1
-            if name in ("cpu", "numpy") or (name == "to" and _to_host(args, kwargs)):
+            if name in ("cpu", "numpy") or (name == "to" and to_host(args, kwargs)):
                 self.mark_host(out)
         elif all_host:
             for t in out if isinstance(out, tuple | list) else (out,):
                 self.mark_host(t)
         return out
-
-
-def _to_host(args, kwargs) -> bool:
-    target = kwargs.get("device", args[1] if len(args) > 1 else None)
-    return isinstance(target, str | torch.device) and torch.device(target).type == "cpu"
 
 
 def _audit_worker_threads(monkeypatch, audit: DeviceAudit) -> None:

@@ -6,6 +6,7 @@ import re
 import numpy as np
 import pytest
 import torch
+from rollout_builders import pause_after_decode_steps
 
 from labrl.errors import SamplerError
 from labrl.harness.objectives import mismatch_kl
@@ -133,11 +134,7 @@ async def test_in_flight_update_tags_both_versions_at_the_boundary(learner, h):
         for i in range(2)
     ]
     task = asyncio.create_task(sampler.generate(reqs))
-    while sampler.decode_steps < 3:
-        await asyncio.sleep(0.001)
-    await sampler.pause()
-    while not sampler.waiting_on_pause:
-        await asyncio.sleep(0.001)
+    await pause_after_decode_steps(sampler, 3)
     boundary = 1 + sampler.decode_steps  # tokens sampled before the pause
     await sampler.update_weights(new_weights, 7)
     await sampler.resume()

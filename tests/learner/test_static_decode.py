@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import torch
 from megatron.core.inference.contexts import StaticInferenceContext
+from rollout_builders import pause_after_decode_steps
+from torch_modes import op_name, to_host
 
 from labrl.harness.models import get_preset
 from labrl.harness.samplers import LocalSampler, LocalSamplerConfig
@@ -153,11 +155,7 @@ async def test_in_flight_update_tags_both_versions_at_the_boundary(megatron):
     new_weights = {k: v for k, v in other.model.state_dict().items() if not k.endswith("_extra_state")}
     reqs = _requests(12)
     task = asyncio.create_task(static.generate(reqs))
-    while static.decode_steps < 3:
-        await asyncio.sleep(0.001)
-    await static.pause()
-    while not static.waiting_on_pause:
-        await asyncio.sleep(0.001)
+    await pause_after_decode_steps(static, 3)
     boundary = 1 + static.decode_steps  # tokens sampled from logits of the old weights
     await static.update_weights(new_weights, 7)
     await static.resume()
@@ -181,16 +179,10 @@ class _NoHostCopies(torch.overrides.TorchFunctionMode):
     BANNED = frozenset({"item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__"})
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", "")
-        if name in self.BANNED or (
-            name == "to" and any(_names_host(a) for a in (*args, *(kwargs or {}).values()))
-        ):
+        name = op_name(func)
+        if name in self.BANNED or (name == "to" and to_host(args, kwargs or {})):
             raise AssertionError(f"host copy in a decode step: {name}")
         return func(*args, **(kwargs or {}))
-
-
-def _names_host(arg) -> bool:
-    return (isinstance(arg, torch.device) and arg.type == "cpu") or arg == "cpu"
 
 
 @pytest.mark.parametrize("truncate", [False, True])

@@ -15,7 +15,7 @@ from labrl.cli import main
 from labrl.envs.types import Budgets
 from labrl.errors import ConfigError
 from labrl.harness.config import load_run_config
-from labrl.harness.models.config import MoEModelConfig, get_preset
+from labrl.harness.models.config import MoEModelConfig
 from labrl.harness.planning.budget import Budget, parse_budget, rate_bucket, search
 from labrl.harness.planning.draws import Constant, LogNormal
 from labrl.harness.planning.figures import DEFAULTS, RESULTS_DIR, Figure, load_figures
@@ -325,15 +325,7 @@ def test_active_matmul_parameters_match_the_recorded_shapes():
     recorded = json.loads((RESULTS_DIR / "gpu_h100_2026-11-26" / "gpu_learner.json").read_text())["gpu"][
         "shapes"
     ]
-    quickstart = get_preset("tiny-moe").model_copy(
-        update={
-            "num_layers": 2,
-            "hidden_size": 96,
-            "ffn_hidden_size": 192,
-            "num_experts": 4,
-            "moe_ffn_hidden_size": 192,
-        }
-    )
+    quickstart = load_run_config(Path(__file__).parents[2] / "configs" / "quickstart.yaml").model.resolve()
     big = MoEModelConfig(
         name="moe-64x-top8-h2048", num_layers=4, hidden_size=2048, num_attention_heads=16, ffn_hidden_size=8192,
         num_experts=64, moe_router_topk=8, moe_ffn_hidden_size=1024, vocab_size=32000, max_sequence_length=4096,

@@ -3,10 +3,14 @@
 ``random_requests`` makes seeded prompts of growing length (``prompt_len + 3 * i``
 tokens); ``as_trajectories`` turns each request and its sampled result into a
 single-turn ``Trajectory`` (prompt tokens masked out, alternating 0/1 rewards,
-``group_size`` consecutive trajectories per group).
+``group_size`` consecutive trajectories per group). ``pause_after_decode_steps`` pauses a
+running sampler once it has taken that many decode steps, for in-flight weight updates.
 """
 
 from __future__ import annotations
+
+import asyncio
+from typing import Any
 
 import torch
 
@@ -49,3 +53,13 @@ def as_trajectories(
             )
         )
     return out
+
+
+async def pause_after_decode_steps(sampler: Any, steps: int) -> None:
+    """Wait until ``sampler`` (a local sampler generating) has taken ``steps`` decode steps, pause it and
+    wait until its generation has stopped at the pause."""
+    while sampler.decode_steps < steps:
+        await asyncio.sleep(0.001)
+    await sampler.pause()
+    while not sampler.waiting_on_pause:
+        await asyncio.sleep(0.001)
