@@ -5,6 +5,8 @@
 #   QUICKSTART_SEEDS="0 1 2" bash benchmarks/gpu_check.sh   # + the quickstart on CUDA, per seed
 #   QUICKSTART_TIMEOUT_S=300 ...   # stop each quickstart after 300 s (resumable; its metrics so far are kept)
 #   GPU_LEARNER_BENCH=0 ...        # skip benchmarks/gpu_learner.py (tests and quickstart only)
+#   GPU_LEARNER_TIMEOUT_S=300 ...  # stop the benchmark after 300 s (the rows measured so far are kept)
+#   GPU_LEARNER_PARTS=sampler ...  # only some of its parts: learner,sampler,attention (default all)
 # The quickstart seeds start first and run concurrently on the one GPU (a 0.6M-parameter model uses
 # a sliver of it) while the tests and the learner benchmark run; their run dirs stay in /tmp and
 # only logs and metrics are bundled into $OUT/quickstart.tar.gz (checkpoints are not copied).
@@ -70,10 +72,18 @@ print(f"workarounds: {dev.workarounds(d, caps)}")
 PY
 
 status=0
+started=$SECONDS
 # -rA: every test's outcome and duration by name, so the log says which GPU check ran and which skipped
-"$PY" -m pytest -m gpu tests/gpu -p no:cacheprovider -q -rA --durations=0 2>&1 | tee "$OUT/pytest-gpu.txt" || status=1
+"$PY" -m pytest -m gpu tests/gpu -p no:cacheprovider -q -rA --durations=0 --timeout "${GPU_TEST_TIMEOUT_S:-120}" 2>&1 | tee "$OUT/pytest-gpu.txt" || status=1
 if [ "${GPU_LEARNER_BENCH:-1}" != 0 ]; then  # GPU_LEARNER_BENCH=0: tests and quickstart only
-  "$PY" benchmarks/gpu_learner.py --out "$OUT/gpu_learner.json" 2>&1 | tee "$OUT/gpu_learner.txt" || status=1
+  # it writes its JSON after every row, so a benchmark stopped at its time limit keeps what it measured
+  echo "[t+$((SECONDS - started))s] GPU tests done; benchmark"
+  # PYTHONPATH=benchmarks: the script imports its neighbours (_results, attention_sdpa), and with
+  # PYTHONSAFEPATH=1 (the offline install above) Python no longer puts the script's folder on sys.path
+  PYTHONPATH=benchmarks${PYTHONPATH:+:$PYTHONPATH} timeout --signal=INT "${GPU_LEARNER_TIMEOUT_S:-0}" \
+    "$PY" benchmarks/gpu_learner.py \
+    --parts "${GPU_LEARNER_PARTS:-learner,sampler,attention}" --out "$OUT/gpu_learner.json" 2>&1 |
+    tee "$OUT/gpu_learner.txt" || status=1
 fi
 
 if [ ${#QS_PIDS[@]} -gt 0 ]; then
@@ -86,5 +96,5 @@ if [ ${#QS_PIDS[@]} -gt 0 ]; then
     echo "quickstart seed $seed: $(tail -n 2 "$QS_DIR/seed$seed.log" | tr '\n' ' ')"
   done
 fi
-echo "gpu_check: exit $status; logs in $OUT"
+echo "gpu_check: exit $status after $((SECONDS - started)) s; logs in $OUT"
 exit $status

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import itertools
 import json
 import random
@@ -136,6 +137,17 @@ def synthetic_batch(cfg: MoEModelConfig, B: int, T: int, seed: int = 0):
     return collate(trajs, pad_token_id=0)
 
 
+def free_cuda() -> None:
+    """Release the previous path's memory before the next one is built and measured.
+
+    Models hold reference cycles (hooks, closures), so dropping the last name is not enough:
+    without the collection the 64-expert learner's 37 GiB outlived its row and every later
+    row ran out of memory (H100, 2026-11-27)."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+
+
 def cuda_timed(fn, repeats: int) -> float:
     fn()  # warm-up (kernel selection, allocator)
     torch.cuda.synchronize()
@@ -167,8 +179,7 @@ def timed_train_step(config: LearnerConfig, batch, repeats: int) -> tuple[float,
 
 
 def bench_labrl(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, peak, experts: str) -> dict:
-    torch.cuda.empty_cache()  # the previous path's tensors died with its function
-    torch.cuda.reset_peak_memory_stats()
+    free_cuda()
     config = LearnerConfig(
         model=cfg, micro_batch_size=mbs, router_replay=False, precision="bf16", experts=experts
     )
@@ -178,7 +189,7 @@ def bench_labrl(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, pea
     out["spec"] = learner.spec.name
     out["experts"] = learner.spec.experts.name
     del learner
-    torch.cuda.empty_cache()  # the first learner is gone before the second is built
+    free_cuda()  # the first learner is gone before the second is built
     before, _ = timed_train_step(config.model_copy(update={"proximal_forward": "separate"}), batch, repeats)
     out["separate_proximal_forward_tokens_per_s"] = B * T / before
     out["vs_separate_proximal_forward"] = before / seconds
@@ -197,8 +208,7 @@ def bench_megatron(
 ) -> dict:
     from labrl.harness.models import build_gpt_model, causal_attention_mask
 
-    torch.cuda.empty_cache()  # the previous path's tensors died with its function
-    torch.cuda.reset_peak_memory_stats()
+    free_cuda()
     device = torch.device("cuda")
     model = build_gpt_model(
         cfg, routing_replay=False, device=device, dtype=torch.bfloat16, experts=experts, attention=attention
@@ -239,8 +249,7 @@ def bench_megatron_unfused(
 def bench_hf(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, peak) -> dict:
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    torch.cuda.empty_cache()  # the previous path's tensors died with its function
-    torch.cuda.reset_peak_memory_stats()
+    free_cuda()
     hf_cfg = Qwen3MoeConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.ffn_hidden_size,
         moe_intermediate_size=cfg.moe_ffn_hidden_size, num_hidden_layers=cfg.num_layers,
@@ -315,6 +324,8 @@ def bench_sampler(
     from labrl.harness.types import GenerateRequest, SamplingParams
 
     precision = "bf16" if device.startswith("cuda") else "fp32"  # bf16 on CUDA: the static engine's graphs
+    if device.startswith("cuda"):
+        free_cuda()
     config = LocalSamplerConfig(
         max_batch_size=batch, device=device, engine=engine, scheduling="waves", precision=precision
     )
@@ -348,9 +359,9 @@ def bench_sampler(
             "tokens_per_s": generated / seconds}  # fmt: skip
 
 
-def sampler_rows(cfg: MoEModelConfig, prompt: int, new: int, bandwidth: float | None) -> list[dict]:
-    """Both engines at every batch of ``SAMPLER_BATCHES``, the HBM floor beside them (bf16 bytes)."""
-    rows = []
+def sampler_rows(cfg: MoEModelConfig, prompt: int, new: int, bandwidth: float | None):
+    """Both engines at every batch of ``SAMPLER_BATCHES``, the HBM floor beside them (bf16 bytes);
+    yields each row as it is measured (the static row once its ratio to the megatron one is known)."""
     for batch in SAMPLER_BATCHES:
         floor_s = (
             None if bandwidth is None else decode_bytes_per_step(cfg, batch, prompt + new // 2) / bandwidth
@@ -364,12 +375,11 @@ def sampler_rows(cfg: MoEModelConfig, prompt: int, new: int, bandwidth: float | 
                      "batch": batch, "error": f"{type(exc).__name__}: {exc}"}  # fmt: skip
             r["hbm_floor_tokens_per_s"] = None if floor_s is None else batch / floor_s
             by_engine[engine] = r
-            rows.append(r)
-        if all("tokens_per_s" in r for r in by_engine.values()):
+        if all(r.get("tokens_per_s") for r in by_engine.values()):
             by_engine["static"]["vs_megatron"] = (
                 by_engine["static"]["tokens_per_s"] / by_engine["megatron"]["tokens_per_s"]
             )
-    return rows
+        yield from by_engine.values()
 
 
 def sampler_cpu_part(batches: tuple[int, ...], prompt: int, new: int) -> dict:
@@ -385,11 +395,21 @@ def sampler_cpu_part(batches: tuple[int, ...], prompt: int, new: int) -> dict:
     return {"threads": torch.get_num_threads(), "rows": rows}
 
 
-def gpu_part(repeats: int) -> dict:
+GPU_PARTS = ("learner", "sampler", "attention")
+
+
+def gpu_part(repeats: int, parts: tuple[str, ...] = GPU_PARTS, save=lambda out: None) -> dict:
+    """The GPU rows of ``parts``; ``save(out)`` after every row, so a run stopped by its time limit
+    keeps what it measured (a lease is short and the 64-expert rows take minutes)."""
     peak = peak_tflops()
-    out: dict = {"device": torch.cuda.get_device_name(0), "bf16_peak_tflops": peak, "shapes": {}}
-    for cfg, B, T, mbs in ((QUICKSTART_MODEL, 64, 200, 32), (BIG_MODEL, 16, 2048, 2)):
-        rows = []
+    out: dict = {"device": torch.cuda.get_device_name(0), "bf16_peak_tflops": peak, "shapes": {},
+                 "sampler": [], "core_attention": []}  # fmt: skip
+    for cfg, B, T, mbs in (
+        ((QUICKSTART_MODEL, 64, 200, 32), (BIG_MODEL, 16, 2048, 2)) if "learner" in parts else ()
+    ):
+        rows: list[dict] = []
+        out["shapes"][cfg.name] = {"B": B, "T": T, "micro_batch": mbs,
+                                   "active_matmul_params": active_matmul_params(cfg), "rows": rows}  # fmt: skip
         benches = [
             (bench_megatron, "sequential"), (bench_labrl, "sequential"), (bench_hf, None),
             (bench_megatron, "grouped_mm"), (bench_labrl, "grouped_mm"), (bench_megatron_unfused, "sequential"),
@@ -402,6 +422,8 @@ def gpu_part(repeats: int) -> dict:
                 rows.append(
                     {"path": f"{bench.__name__} {experts or ''}", "error": f"{type(exc).__name__}: {exc}"}
                 )
+            print(f"  {cfg.name}: {learner_row_line(rows[-1])}", flush=True)
+            save(out)
         base = rows[0].get("tokens_per_s")  # bare megatron-core with SequentialMLP
         bare = {  # the SDPA rows: the unfused one is attention's own comparison
             r["experts"]: r["tokens_per_s"]
@@ -413,16 +435,17 @@ def gpu_part(repeats: int) -> dict:
                 r["vs_bare_megatron"] = r["tokens_per_s"] / base
             if r["path"].startswith("labrl") and r.get("experts") in bare:
                 r["vs_same_experts"] = r["tokens_per_s"] / bare[r["experts"]]
-        out["shapes"][cfg.name] = {"B": B, "T": T, "micro_batch": mbs,
-                                   "active_matmul_params": active_matmul_params(cfg), "rows": rows}  # fmt: skip
+        save(out)
     bandwidth = hbm_bytes_per_s()
     out["hbm_bytes_per_s"] = bandwidth
-    out["sampler"] = sampler_rows(QUICKSTART_MODEL, 160, 64, bandwidth) + sampler_rows(
-        BIG_MODEL, 512, 64, bandwidth
-    )
-    out["core_attention"] = []
+    if "sampler" in parts:
+        for cfg, prompt in ((QUICKSTART_MODEL, 160), (BIG_MODEL, 512)):
+            for r in sampler_rows(cfg, prompt, 64, bandwidth):
+                out["sampler"].append(r)
+                print_sampler_rows([r], header=False)
+                save(out)
     for cfg, train, prefill, decode_batch in ((QUICKSTART_MODEL, (32, 200), (64, 160), 64),
-                                              (BIG_MODEL, (2, 2048), (32, 512), 32)):  # fmt: skip
+                                              (BIG_MODEL, (2, 2048), (32, 512), 32)) if "attention" in parts else ():  # fmt: skip
         try:
             out["core_attention"] += core_attention_rows(
                 cfg,
@@ -435,6 +458,7 @@ def gpu_part(repeats: int) -> dict:
             )
         except Exception as exc:
             out["core_attention"].append({"attention": cfg.name, "error": f"{type(exc).__name__}: {exc}"})
+        save(out)
     return out
 
 
@@ -570,7 +594,13 @@ def main() -> None:
     ap.add_argument(
         "--sampler-cpu", action="store_true", help="both sampler engines on the tiny model, on the CPU"
     )
+    ap.add_argument(
+        "--parts", default=",".join(GPU_PARTS), help="GPU part: which of learner,sampler,attention to run"
+    )
     args = ap.parse_args()
+    parts = tuple(p for p in args.parts.split(",") if p)
+    if unknown := set(parts) - set(GPU_PARTS):
+        ap.error(f"--parts: unknown {sorted(unknown)}; choose from {','.join(GPU_PARTS)}")
     quiet_expected_warnings()
     if args.sampler_cpu:
         torch.set_num_threads(2)
@@ -585,8 +615,13 @@ def main() -> None:
         if not torch.cuda.is_available():
             print("gpu_learner: no CUDA device here, skipping the GPU part (run with --cpu for the CPU part)")
             return
-        result = {"gpu": gpu_part(args.repeats)}
         out = args.out or RESULTS / "gpu_learner.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+
+        def save(partial: dict) -> None:
+            out.write_text(json.dumps({"gpu": partial, "partial": True}, indent=1))
+
+        result = {"gpu": gpu_part(args.repeats, parts, save)}
         print_gpu_table(result["gpu"])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
@@ -611,10 +646,11 @@ def print_cpu_table(res: dict) -> None:
                   f"({r['sorted_speedup']:.2f}x)")  # fmt: skip
 
 
-def print_sampler_rows(rows: list[dict]) -> None:
-    print(
-        f"\n{'sampler':42} {'model':22} {'batch':>5} {'tok/s':>9} {'static/megatron':>16} {'HBM floor tok/s':>16}"
-    )
+def print_sampler_rows(rows: list[dict], header: bool = True) -> None:
+    if header:
+        print(
+            f"\n{'sampler':42} {'model':22} {'batch':>5} {'tok/s':>9} {'static/megatron':>16} {'HBM floor tok/s':>16}"
+        )
     for r in rows:
         floor = r.get("hbm_floor_tokens_per_s")
         floor_s = "-" if floor is None else f"{floor:.0f}"
@@ -623,18 +659,21 @@ def print_sampler_rows(rows: list[dict]) -> None:
         print(f"{r['path']:42} {r['model']:22} {r['batch']:>5} {speed:>9} {ratio:>16} {floor_s:>16}")
 
 
+def learner_row_line(r: dict) -> str:
+    if "error" in r:
+        return f"{r['path']:55} error: {r['error']}"
+    mfu = "n/a" if r["mfu"] is None else f"{r['mfu']:.1%}"
+    same = f"  same experts x{r['vs_same_experts']:.2f}" if "vs_same_experts" in r else ""
+    return (f"{r['path']:55} {r['tokens_per_s']:>10.0f} tok/s {r['model_tflops']:>7.1f} TFLOP/s "
+            f"MFU {mfu:>6} peak {r['peak_mem_gib']:.1f} GiB  x{r.get('vs_bare_megatron', 0):.2f}{same}")  # fmt: skip
+
+
 def print_gpu_table(res: dict) -> None:
     print(f"\n{res['device']}, bf16 peak {res['bf16_peak_tflops']} TFLOP/s")
     for name, shape in res["shapes"].items():
         print(f"\n{name}: B={shape['B']} T={shape['T']} micro-batch {shape['micro_batch']}")
         for r in shape["rows"]:
-            if "error" in r:
-                print(f"  {r['path']:55} error: {r['error']}")
-                continue
-            mfu = "n/a" if r["mfu"] is None else f"{r['mfu']:.1%}"
-            same = f"  same experts x{r['vs_same_experts']:.2f}" if "vs_same_experts" in r else ""
-            print(f"  {r['path']:55} {r['tokens_per_s']:>10.0f} tok/s {r['model_tflops']:>7.1f} TFLOP/s "
-                  f"MFU {mfu:>6} peak {r['peak_mem_gib']:.1f} GiB  x{r.get('vs_bare_megatron', 0):.2f}{same}")  # fmt: skip
+            print(f"  {learner_row_line(r)}")
     print_sampler_rows(res["sampler"])
     print("\ncore attention, bf16 (ratio = unfused / sdpa)")
     for r in res["core_attention"]:

@@ -4,8 +4,10 @@ else from ``DEFAULTS``, the one table of values nobody has measured here, each w
 Read from ``benchmarks/results/`` (``load_figures``), when the file is there:
 
 - ``gpu_*/gpu_learner.json`` (``benchmarks/gpu_learner.py``, the newest directory by name): the learner's
-  tokens/s per GPU (the ``labrl MegatronLearner.train_step`` row of the shape with the most active
-  parameters) and the local sampler's decode tokens/s per GPU (its batch-64 row, the quickstart shape);
+  tokens/s per GPU (the fastest ``labrl MegatronLearner.train_step`` row of the shape with the most
+  active parameters: the experts module ``auto`` picks on a GPU is the faster one) and the local
+  sampler's decode tokens/s per GPU (its batch-64 row on the quickstart shape, with the default
+  ``megatron`` engine);
 - ``learner_throughput.json`` (``benchmarks/learner_throughput.py``, the ``tiny-moe`` preset on CPU): the
   learner's and the local sampler's (fp32, batch 64) tokens/s on CPU;
 - ``ray_scaling.json`` (``benchmarks/ray_scaling.py``): the driver's CPU milliseconds per episode at its
@@ -109,8 +111,9 @@ def _gpu_learner(results: Path) -> dict[str, Figure]:
     out = {}
     shapes = sorted(gpu.get("shapes", {}).items(), key=lambda kv: kv[1]["active_matmul_params"])
     for name, shape in reversed(shapes):
-        row = next((r for r in shape["rows"] if r["path"].startswith("labrl")), None)
-        if row is not None:
+        measured = [r for r in shape["rows"] if r["path"].startswith("labrl") and "tokens_per_s" in r]
+        if measured:
+            row = max(measured, key=lambda r: r["tokens_per_s"])
             out["learner_tokens_per_s_gpu"] = _recorded(
                 "learner_tokens_per_s_gpu",
                 row["tokens_per_s"],
@@ -118,7 +121,17 @@ def _gpu_learner(results: Path) -> dict[str, Figure]:
                 shape["active_matmul_params"],
             )
             break
-    sampler = next((r for r in gpu.get("sampler", []) if r.get("batch") == 64), None)
+    sampler = next(
+        (
+            r
+            for r in gpu.get("sampler", [])
+            if r.get("batch") == 64
+            and r.get("model", "tiny-moe") == "tiny-moe"
+            and r.get("engine", "megatron") == "megatron"
+            and "tokens_per_s" in r
+        ),
+        None,
+    )
     tiny = gpu.get("shapes", {}).get("tiny-moe")
     if sampler is not None and tiny is not None:
         out["local_sampler_tokens_per_s_gpu"] = _recorded(

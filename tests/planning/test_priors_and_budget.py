@@ -23,7 +23,8 @@ from labrl.harness.planning.model import Layout, Workload, steady_state
 from labrl.harness.planning.priors import Hardware, prior_episode, prior_machines
 from labrl.harness.planning.simulate import EpisodeModel, simulate
 
-CONFIG = Path(__file__).parent / "fixtures" / "plan.yaml"  # B = 1 group of G = 4, local sampler of 8 slots
+CONFIG = Path(__file__).parent / "fixtures" / "plan.yaml"
+NEWEST_GPU = "gpu_h100_2026-11-27"  # the newest benchmarks/results/gpu_*/ (load_figures reads the newest)  # B = 1 group of G = 4, local sampler of 8 slots
 
 
 # -- figures ---------------------------------------------------------------------------------
@@ -31,16 +32,21 @@ CONFIG = Path(__file__).parent / "fixtures" / "plan.yaml"  # B = 1 group of G = 
 
 def test_the_recorded_benchmark_figures_are_read_from_their_results():
     figures = load_figures()
-    gpu = json.loads((RESULTS_DIR / "gpu_h100_2026-11-26" / "gpu_learner.json").read_text())["gpu"]
+    gpu = json.loads((RESULTS_DIR / NEWEST_GPU / "gpu_learner.json").read_text())["gpu"]
     big = gpu["shapes"]["moe-64x-top8-h2048"]
-    labrl_row = next(r for r in big["rows"] if r["path"].startswith("labrl"))
+    # the TorchGroupedMLP row, the faster of labrl's two (the experts auto picks in bf16 on CUDA)
+    grouped = next(r for r in big["rows"] if r["path"] == "labrl MegatronLearner.train_step, TorchGroupedMLP")
     learner = figures["learner_tokens_per_s_gpu"]
     assert (learner.value, learner.active_params, learner.recorded) == (
-        labrl_row["tokens_per_s"],
+        grouped["tokens_per_s"],
         big["active_matmul_params"],
         True,
     )
-    assert figures["local_sampler_tokens_per_s_gpu"].value == gpu["sampler"][0]["tokens_per_s"]
+    assert learner.value == pytest.approx(58_649, abs=1)
+    megatron_engine = next(
+        r for r in gpu["sampler"] if (r["model"], r["batch"], r["engine"]) == ("tiny-moe", 64, "megatron")
+    )
+    assert figures["local_sampler_tokens_per_s_gpu"].value == megatron_engine["tokens_per_s"]
     scaling = json.loads((RESULTS_DIR / "ray_scaling.json").read_text())["scaling"]
     assert figures["driver_s_per_episode"].value == pytest.approx(
         scaling[-1]["driver_cpu_ms_per_episode"] / 1000
@@ -308,7 +314,7 @@ def test_labrl_plan_budget_prints_overrides_and_writes_the_plot(capsys, tmp_path
         load_run_config(CONFIG, overrides)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # the search's figures, GPU ones included, are listed with their sources
-    assert any("recorded, gpu_h100_2026-11-26/gpu_learner.json: labrl" in line for line in out)
+    assert any(f"recorded, {NEWEST_GPU}/gpu_learner.json: labrl" in line for line in out)
     assert any("recorded, ray_scaling.json: driver CPU" in line for line in out)
     assert main(["plan", str(CONFIG), "--budget", "gpus=two"]) != 0
     assert "--budget 'gpus=two'" in capsys.readouterr().err
