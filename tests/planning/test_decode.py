@@ -73,6 +73,36 @@ def test_too_little_spread_in_the_batch_falls_back_to_the_fixed_rate():
     assert (fit.step_s, fit.per_sequence_s) == (0.05, 0.0)  # sum g / sum n
 
 
+def noisy_blocks(
+    batches: list[int], a: float, c: float, noise: float, rng: random.Random
+) -> list[GenerationWindow]:
+    """As ``synthetic_trace``, each block's seconds off by a uniform factor in ``1 +- noise``."""
+    windows, now = [], 0.0
+    for b in batches:
+        n = rng.randint(20, 60)
+        seconds = n * (a + c * b) * (1 + rng.uniform(-noise, noise))
+        windows += [GenerationWindow(now, seconds, n) for _ in range(b)]
+        now += seconds + 1.0
+    return windows
+
+
+def test_a_narrow_batch_range_fits_when_the_run_resolves_the_slope():
+    # 4-6 sequences at once (batch sd ~0.8, as the lab env's s1_c8 run): enough blocks resolve c
+    fit = fit_decode(noisy_blocks([4, 5, 6] * 60, 0.002, 0.0008, 0.05, random.Random(2)), slots=8)
+    assert fit.fitted, fit.reason
+    assert fit.per_sequence_s == pytest.approx(0.0008, rel=0.15)
+    assert fit.step_s == pytest.approx(0.002, rel=0.3)
+
+
+def test_a_slope_the_run_does_not_resolve_falls_back_to_the_fixed_rate():
+    # the same range, a few blocks and +-60 % noise: the slope is within its error of zero
+    windows = noisy_blocks([4, 5, 6] * 2, 0.002, 0.0008, 0.6, random.Random(3))
+    fit = fit_decode(windows, slots=8)
+    assert not fit.fitted and "vary too little" in fit.reason and "slope" in fit.reason, fit.reason
+    assert fit.per_sequence_s == 0.0
+    assert fit.step_s == pytest.approx(sum(w.seconds for w in windows) / sum(w.tokens for w in windows))
+
+
 def test_a_batch_that_does_not_slow_decoding_falls_back_to_the_fixed_rate():
     windows = [w for b in (1, 4, 16) for w in [GenerationWindow(b * 100.0, 1.0, 20)] * b]
     fit = fit_decode(windows, slots=64)
