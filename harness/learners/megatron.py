@@ -110,6 +110,24 @@ def _selected(prepared: objectives.PreparedBatch) -> MicroPrepared:
     return lambda pos, T, logp: prepared.select(pos)
 
 
+NONFINITE_PROXIMAL = "non-finite proximal log-probs on loss-mask tokens"
+NONFINITE_LOSS = "micro-batches with a non-finite loss"
+
+
+def _tally(checks: dict[str, torch.Tensor], what: str, offending: torch.Tensor) -> None:
+    """Add ``offending``'s count to ``checks[what]`` on the device (no host copy)."""
+    count = offending.sum()
+    checks[what] = checks[what] + count if what in checks else count
+
+
+def _first_failure(checks: dict[str, torch.Tensor]) -> str | None:
+    """The first check whose count is not 0, as ``"<count> <what>"``; every count read in one host copy."""
+    if not checks:
+        return None
+    counts = torch.stack(list(checks.values())).tolist()
+    return next((f"{int(n)} {what}" for what, n in zip(checks, counts, strict=True) if n), None)
+
+
 class MegatronLearner:
     """Implements ``labrl.harness.types.Learner``; see the module docstring."""
 
@@ -321,28 +339,37 @@ class MegatronLearner:
         old_B_T = torch.zeros(batch.tokens_B_T.shape, dtype=torch.float32, device=self.device)
         ref_B_T = torch.zeros_like(old_B_T) if self.reference_model is not None else None
         inputs = objectives.ObjectiveInputs.from_train_batch(batch, old_B_T, self._version, ref_B_T)
+        # several micro-batches: the batch's share of prepare_rows once, and the proximal log-probs'
+        # check counted on the device and read after the last backward with the step's other checks
+        context = objectives.rows_context(cfg.objective, inputs) if len(plan) > 1 else None
+        checks: dict[str, torch.Tensor] = {}
 
         def from_loss_forward(
             pos: torch.Tensor, T: int, logp: torch.Tensor
         ) -> objectives.PreparedBatch | None:
             old_B_T[pos, :T] = logp.detach()
-            bad = int((batch.loss_mask_B_T[pos, :T] & ~torch.isfinite(old_B_T[pos, :T])).sum())
-            if bad:
-                self._record_skip(f"{bad} non-finite proximal log-probs on loss-mask tokens: batch skipped")
-                return None
+            nonfinite = batch.loss_mask_B_T[pos, :T] & ~torch.isfinite(old_B_T[pos, :T])
+            if context is None:  # one micro-batch: prepare validates every row, so check before it
+                if bad := int(nonfinite.sum()):
+                    self._record_skip(
+                        f"{bad} non-finite proximal log-probs on loss-mask tokens: batch skipped"
+                    )
+                    return None
+            else:
+                _tally(checks, NONFINITE_PROXIMAL, nonfinite)
             if ref_B_T is not None:
                 routed = None if replay is None else replay[pos, :T]
                 with torch.no_grad():
                     ref_B_T[pos, :T] = self._logprobs_with_grad(
                         batch.tokens_B_T[pos, :T], routed, model=self.reference_model
                     )
-            if len(plan) == 1:  # every row's pi_prox is known: whole-batch terms (M2PO) included
+            if context is None:  # every row's pi_prox is known: whole-batch terms (M2PO) included
                 whole.append(objectives.prepare(cfg.objective, inputs))
                 return whole[0].select(pos)
-            return objectives.prepare_rows(cfg.objective, inputs, pos)
+            return objectives.prepare_rows(cfg.objective, inputs, pos, context)
 
         whole: list[objectives.PreparedBatch] = []
-        metrics = self._optimizer_step(batch, replay, from_loss_forward, plan)
+        metrics = self._optimizer_step(batch, replay, from_loss_forward, plan, checks=checks)
         if metrics is None:
             return None, [], 1
         return (whole[0] if whole else objectives.prepare(cfg.objective, inputs)), [metrics], 0
@@ -376,14 +403,22 @@ class MegatronLearner:
         micro_prepared: MicroPrepared,
         plan: list[tuple[torch.Tensor, int]],
         rows: torch.Tensor | None = None,
+        checks: dict[str, torch.Tensor] | None = None,
     ) -> dict[str, float] | None:
         """Forward/backward over ``plan`` (micro-batches of positions) and one AdamW step; None if skipped.
 
         ``rows`` maps the positions to batch rows (None: the same).
         ``micro_prepared(positions, T, logp)`` gives a micro-batch's share of the
         prepared batch from its forward's log-probs ``(b, T)``, or None to skip
-        the step (it has recorded why)."""
+        the step (it has recorded why). ``checks``: counts of offending values that
+        ``micro_prepared`` tallies on the device (``_tally``); they, the losses'
+        finiteness and the micro-batch metrics are read once after the last
+        backward, so the loop itself never waits for the device (a wait per
+        micro-batch leaves a GPU idle while the host queues the next one). A
+        non-finite loss therefore still runs its backward; its gradients are
+        dropped with the step."""
         cfg = self.config
+        checks = {} if checks is None else checks
         self.optimizer.zero_grad(set_to_none=True)
         if self.master is not None:
             self.master.zero_grad()
@@ -398,15 +433,16 @@ class MegatronLearner:
                 self._drop_gradients()
                 return None
             logp = torch.nn.functional.pad(logp, (0, T_full - T))  # cut columns are padding: log-prob 0
-            loss, metrics = objectives.policy_loss(cfg.objective, logp, prepared)
-            if not torch.isfinite(loss):
-                self._drop_gradients()
-                self._record_skip(f"non-finite loss {float(loss)} at step {self.step}")
-                return None
+            loss, metrics = objectives.policy_loss(cfg.objective, logp, prepared, device_metrics=True)
+            _tally(checks, NONFINITE_LOSS, ~torch.isfinite(loss))
             loss.backward()
             if self.master is not None:
                 self.master.accumulate_grads()
             micro_metrics.append(metrics)
+        if failed := _first_failure(checks):
+            self._drop_gradients()
+            self._record_skip(f"{failed} at step {self.step}: batch skipped")
+            return None
         grad_norm = self._clip_gradients()
         if not math.isfinite(grad_norm):
             self._drop_gradients()

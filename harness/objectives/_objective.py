@@ -283,7 +283,7 @@ def prepare(cfg: ObjectiveConfig, inputs: ObjectiveInputs) -> PreparedBatch:
     valid = _valid_tokens(inputs)  # (B, T)
     n_valid = int(valid.sum())
     n_seqs = int(valid.any(dim=1).sum())
-    metrics: dict[str, float] = {
+    metrics: Metrics = {
         "tokens/valid": float(n_valid),
         "tokens/nonfinite_behaviour": float((inputs.loss_mask_B_T & ~valid).sum()),
         "seqs/valid": float(n_seqs),
@@ -303,7 +303,14 @@ def prepare(cfg: ObjectiveConfig, inputs: ObjectiveInputs) -> PreparedBatch:
     metrics |= staleness_stats(inputs.versions_B_T, valid, inputs.learner_version)
 
     return _assemble(
-        cfg, inputs, slice(None), valid, (weight, keep, adv_B, old, mu), n_valid, n_seqs, metrics
+        cfg,
+        inputs,
+        slice(None),
+        valid,
+        (weight, keep, adv_B, old, mu),
+        n_valid,
+        n_seqs,
+        host_metrics(metrics),
     )
 
 
@@ -321,9 +328,39 @@ def whole_batch_terms(cfg: ObjectiveConfig) -> tuple[str, ...]:
     return tuple(c.name for c in cfg.corrections if isinstance(c, M2PO))
 
 
+@dataclass(frozen=True)
+class RowsContext:
+    """What every micro-batch of one batch shares in ``prepare_rows``, computed once (``rows_context``):
+    the valid mask, its counts and the advantages. A micro-batch loop that passes it makes no host copy
+    per micro-batch (the counts are read here, once)."""
+
+    valid_B_T: torch.Tensor
+    num_valid_tokens: int
+    num_valid_seqs: int
+    advantages_B: torch.Tensor
+
+
+@torch.no_grad()
+def rows_context(cfg: ObjectiveConfig, inputs: ObjectiveInputs) -> RowsContext:
+    """Validate ``inputs`` (every row's proximal log-probs finite: zeros will do) and compute the batch's
+    share of ``prepare_rows``; raises as ``prepare_rows`` does for an objective with whole-batch terms."""
+    _check_inputs(cfg, inputs)
+    whole = whole_batch_terms(cfg)
+    if whole:
+        raise ConfigError(
+            f"corrections {', '.join(whole)} read the whole batch's proximal log-probs: use prepare"
+        )
+    valid = _valid_tokens(inputs)
+    adv_B, _ = compute_advantages(cfg.advantages, inputs.rewards_B, inputs.group_ids_B, cfg.advantage_eps)
+    return RowsContext(valid, int(valid.sum()), int(valid.any(dim=1).sum()), adv_B)
+
+
 @torch.no_grad()
 def prepare_rows(
-    cfg: ObjectiveConfig, inputs: ObjectiveInputs, rows: torch.Tensor | slice | list[int]
+    cfg: ObjectiveConfig,
+    inputs: ObjectiveInputs,
+    rows: torch.Tensor | slice | list[int],
+    context: RowsContext | None = None,
 ) -> PreparedBatch:
     """``prepare(cfg, inputs).select(rows)``, reading ``inputs.old_logprobs_B_T`` on ``rows`` only.
 
@@ -337,20 +374,16 @@ def prepare_rows(
     known. The other rows' proximal log-probs are not read but must be finite
     (zeros will do: ``validate`` checks the whole tensor). Raises
     ``ConfigError`` when the objective has a whole-batch term
-    (``whole_batch_terms``).
+    (``whole_batch_terms``). ``context``: the batch's ``rows_context``, computed once
+    for all its micro-batches (validation included: the rows' proximal log-probs
+    are then not checked here, the caller checks them); without it, computed here.
     """
-    _check_inputs(cfg, inputs)
-    whole = whole_batch_terms(cfg)
-    if whole:
-        raise ConfigError(
-            f"corrections {', '.join(whole)} read the whole batch's proximal log-probs: use prepare"
-        )
+    if context is None:
+        context = rows_context(cfg, inputs)
     if isinstance(rows, list):
         rows = torch.tensor(rows, dtype=torch.long)
-    valid = _valid_tokens(inputs)
-    n_valid = int(valid.sum())
-    n_seqs = int(valid.any(dim=1).sum())
-    adv_B, _ = compute_advantages(cfg.advantages, inputs.rewards_B, inputs.group_ids_B, cfg.advantage_eps)
+    valid, adv_B = context.valid_B_T, context.advantages_B
+    n_valid, n_seqs = context.num_valid_tokens, context.num_valid_seqs
     valid_rows = valid[rows]
     old, mu, log_w = _proximal_log_ratio(
         cfg, inputs.old_logprobs_B_T[rows], inputs.behaviour_logprobs_B_T[rows], valid_rows
@@ -377,8 +410,29 @@ def _proximal_log_ratio(
     return old, mu, log_w
 
 
-def _frac(count: torch.Tensor | int, total: int) -> float:
-    return float(count) / total if total else 0.0
+Metrics = dict[str, float | torch.Tensor]
+"""Metric values as computed: 0-d device tensors stay on the device until ``host_metrics`` reads them all."""
+
+
+def _frac(count: torch.Tensor | int, total: torch.Tensor | int) -> float | torch.Tensor:
+    """``count / total`` (0 where ``total`` is 0), a 0-d tensor on ``count``'s device when either is a tensor:
+    no host copy here (``host_metrics`` reads every metric of a step at once)."""
+    # float64, as the host's float division was: a fraction of 10^5 tokens keeps its last digits
+    if isinstance(total, torch.Tensor):  # count <= total wherever it is used: 0 / 1 where both are 0
+        return count / total.clamp(min=1).double()
+    if not total:
+        return 0.0
+    return count.double() / total if isinstance(count, torch.Tensor) else count / total
+
+
+def host_metrics(metrics: Mapping[str, float | torch.Tensor]) -> dict[str, float]:
+    """Every metric as a float, the tensors read in one host copy (one device sync, not one per metric)."""
+    keys = [k for k, v in metrics.items() if isinstance(v, torch.Tensor)]
+    out = {k: float(v) for k, v in metrics.items() if not isinstance(v, torch.Tensor)}
+    if keys:
+        values = torch.stack([metrics[k].detach().double().reshape(()) for k in keys]).tolist()  # type: ignore[union-attr]
+        out |= dict(zip(keys, values, strict=True))
+    return {k: out[k] for k in metrics}
 
 
 def _apply_corrections(
@@ -388,11 +442,11 @@ def _apply_corrections(
     adv_B_T: torch.Tensor,
     n_valid: int,
     n_seqs: int,
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, torch.Tensor, Metrics]:
     """Corrections in the order listed: weights multiply, masks AND; M2PO sees the tokens still kept."""
     weight = torch.ones_like(log_w)
     keep = valid.clone()
-    m: dict[str, float] = {}
+    m: Metrics = {}
     for corr in cfg.corrections:
         name = corr.name
         if isinstance(corr, TIS):
@@ -411,7 +465,7 @@ def _apply_corrections(
         if isinstance(corr, IcePop):
             w, band = icepop_weights(log_w, valid, corr.low, corr.high)
             weight = weight * w
-            m[f"{name}/weight_mean"] = _frac(torch.where(band, w, 0.0).sum(), int(band.sum()))
+            m[f"{name}/weight_mean"] = _frac(torch.where(band, w, 0.0).sum(), band.sum())
             new_keep = keep & band
         elif isinstance(corr, TokenMask):
             new_keep = keep & token_mask(log_w, valid, corr.low, corr.high)
@@ -457,9 +511,10 @@ def _token_loss(cfg: ObjectiveConfig, logp: torch.Tensor, p: PreparedBatch) -> T
 
 
 def policy_loss(
-    cfg: ObjectiveConfig, logprobs_B_T: torch.Tensor, prepared: PreparedBatch
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """This micro-batch's share of the global loss, and additive metrics.
+    cfg: ObjectiveConfig, logprobs_B_T: torch.Tensor, prepared: PreparedBatch, *, device_metrics: bool = False
+) -> tuple[torch.Tensor, Mapping[str, float | torch.Tensor]]:
+    """This micro-batch's share of the global loss, and additive metrics (floats; with
+    ``device_metrics``, 0-d tensors left on the device for ``combine_metrics`` to read once per step).
 
     ``logprobs_B_T`` (with grad) must have the micro-batch's shape. The loss is
     already divided by the global denominator: summing it over micro-batches
@@ -478,7 +533,7 @@ def policy_loss(
     tl = _token_loss(cfg, logp, prepared)
     keep = prepared.keep_B_T
     n = prepared.num_valid_tokens
-    metrics: dict[str, float] = {}
+    metrics: Metrics = {}
     opsm = next((c for c in cfg.corrections if isinstance(c, OPSM)), None)
     if opsm is not None:
         seq_keep = opsm_mask(logp, prepared.behaviour_logprobs_B_T, prepared.advantages_B, valid, opsm.delta)
@@ -489,7 +544,7 @@ def policy_loss(
     agg = cfg.aggregation
     pg = aggregate(agg, pg_B_T, valid, prepared.denominator)
     total = pg
-    metrics["loss/policy"] = float(pg.detach())
+    metrics["loss/policy"] = pg.detach()
     if cfg.kl_coef > 0:
         assert prepared.ref_logprobs_B_T is not None  # checked in prepare
         k_B_T = kl_estimate(
@@ -497,9 +552,9 @@ def policy_loss(
         )
         kl_term = cfg.kl_coef * aggregate(agg, k_B_T, valid, prepared.denominator)
         total = total + kl_term
-        metrics["loss/ref_kl"] = float(kl_term.detach())
+        metrics["loss/ref_kl"] = kl_term.detach()
         metrics[f"ref_kl/{cfg.kl_estimator}"] = _frac(torch.where(valid, k_B_T.detach(), 0.0).sum(), n)
-    metrics["loss/total"] = float(total.detach())
+    metrics["loss/total"] = total.detach()
     low, high = tl.clipped_low_B_T & valid, tl.clipped_high_B_T & valid
     metrics["policy/clip_low_frac"] = _frac(low.sum(), n)
     metrics["policy/clip_high_frac"] = _frac(high.sum(), n)
@@ -511,17 +566,16 @@ def policy_loss(
         metrics["policy/dual_clip_frac"] = _frac((tl.dual_clipped_B_T & valid).sum(), n)
     if tl.gate_B_T is not None:
         metrics["policy/sapo_gate_mean"] = _frac(torch.where(valid, tl.gate_B_T, 0.0).sum(), n)
-    return total, metrics
+    return total, (metrics if device_metrics else host_metrics(metrics))
 
 
 def combine_metrics(
-    prepared: PreparedBatch, micro_metrics: Iterable[Mapping[str, float]]
+    prepared: PreparedBatch, micro_metrics: Iterable[Mapping[str, float | torch.Tensor]]
 ) -> dict[str, float]:
-    """Global metrics of a step: ``prepared.metrics`` plus the sums of the micro-batch metrics."""
-    out = dict(prepared.metrics)
-    summed: dict[str, float] = {}
+    """Global metrics of a step: ``prepared.metrics`` plus the sums of the micro-batch metrics, read in one
+    host copy however many micro-batches (``host_metrics``)."""
+    summed: Metrics = {}
     for m in micro_metrics:
         for k, v in m.items():
-            summed[k] = summed.get(k, 0.0) + float(v)
-    out |= summed
-    return out
+            summed[k] = summed[k] + v if k in summed else v
+    return dict(prepared.metrics) | host_metrics(summed)

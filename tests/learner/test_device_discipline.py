@@ -20,12 +20,14 @@ threads enter the mode too:
   ``labrl.harness.rollout.batching``, the intended pattern) and whatever is computed
   only from host tensors. The sampler may copy at most 3 times per forward
   (logits down, fed tokens up, routing down) whatever the batch size; the
-  learner a bounded number of times per train step, not once per parameter.
+  learner a bounded number of times per train step, not once per parameter
+  nor once per micro-batch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import sys
 import weakref
 
@@ -34,10 +36,11 @@ import torch
 import torch.utils._pytree
 from rollout_builders import as_trajectories, random_requests
 from torch.overrides import TorchFunctionMode
-from torch_modes import op_name, to_host
+from torch_modes import op_name, to_device, to_host
 
 from labrl.harness.learners import LearnerConfig, MegatronLearner
 from labrl.harness.models import get_preset
+from labrl.harness.objectives import M2PO, TIS, ObjectiveConfig
 from labrl.harness.rollout.batching import collate
 from labrl.harness.samplers import LocalSampler, LocalSamplerConfig
 
@@ -123,7 +126,8 @@ class DeviceAudit(TorchFunctionMode):
                 self.mark_host(out)
             elif torch.device(device) != self.device:
                 self.violations.append(f"{where} torch.{name}(device={device}) != model {self.device}")
-        elif watched and name in COPIES:
+        elif watched and name in COPIES and not (name == "to" and to_device(args, kwargs) is None):
+            # (a dtype cast, `.to(torch.float32)`, moves nothing between host and device)
             downloads_host = all_host and name != "to" and name != "cuda"
             if not downloads_host:
                 self.copies[module] = self.copies.get(module, 0) + 1
@@ -207,3 +211,37 @@ def test_sampler_and_learner_keep_to_the_model_device(learner, scheduling, monke
         # (more parameter tensors than the bound: one read per parameter would exceed it)
         bound = 16
         assert n_params > bound and learner_copies <= bound, (n_params, learner_copies, learner_sites)
+
+
+@pytest.mark.parametrize(
+    ("objective", "separate"),
+    [
+        (ObjectiveConfig(corrections=[TIS(c=2.0)]), 0.0),  # each micro-batch's pi_prox from its own forward
+        (ObjectiveConfig(corrections=[TIS(c=2.0), M2PO(tau=1.0)]), 1.0),  # M2PO: the no-grad forward first
+    ],
+    ids=["one-forward", "separate-forward"],
+)
+def test_the_learners_host_copies_do_not_grow_with_the_micro_batches(objective, separate):
+    """A host copy waits for the device; one per micro-batch leaves a GPU idle while the host queues the
+    next. Every check, loss and metric of a step is read once, after the last backward."""
+    reqs = random_requests(8, prompt_len=10, max_new=6, seed=5)
+    copies, sites = {}, {}
+    for micro_batch_size in (4, 2, 1):  # 2, 4 and 8 micro-batches of one 8-row batch
+        learner = MegatronLearner(
+            LearnerConfig(model=TINY, micro_batch_size=micro_batch_size, objective=objective)
+        )
+        sampler = LocalSampler(TINY, LocalSamplerConfig(), weights=learner.export_weights(), version=0)
+        results = asyncio.run(sampler.generate(reqs))
+        batch = collate(as_trajectories(reqs, results, group_size=2), pad_token_id=0)
+        audit = DeviceAudit(_model_device(learner.model))
+        audit.mark_host(*(v for v in batch.__dict__.values() if isinstance(v, torch.Tensor)))
+        with audit:
+            metrics = learner.train_step(batch)
+        assert metrics["learner/optimizer_steps"] == 1.0 and metrics["learner/proximal_forward"] == separate
+        assert math.isfinite(metrics["loss/total"]) and 0.0 <= metrics["policy/clip_frac"] <= 1.0
+        n = 8 // micro_batch_size
+        copies[n] = audit.copies_from("labrl.harness.learners") + audit.copies_from(
+            "labrl.harness.objectives"
+        )
+        sites[n] = {k: v for k, v in audit.copy_sites.items() if v >= n}  # the sites that may scale
+    assert copies[2] == copies[4] == copies[8], (copies, sites[8])
