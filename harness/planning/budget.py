@@ -29,7 +29,6 @@ once, lower p99.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +40,15 @@ from labrl.harness.config import RunConfig
 from labrl.harness.pipeline.config import MAX_CONCURRENT_EPISODES
 from labrl.harness.planning.figures import Figure
 from labrl.harness.planning.model import Layout, steady_state
-from labrl.harness.planning.plan import STALENESS_CHOICES, PlannedLayout, env_slot_cap, run_layout, with_knobs
+from labrl.harness.planning.plan import (
+    STALENESS_CHOICES,
+    PlannedLayout,
+    env_slot_cap,
+    rank_key,
+    rate_bucket,
+    run_layout,
+    with_knobs,
+)
 from labrl.harness.planning.priors import Hardware, prior_layout, sglang_servers
 from labrl.harness.planning.simulate import EpisodeModel
 
@@ -220,18 +227,5 @@ def search(
         row = PlannedLayout(
             cand.overrides(cfg), lay, closed, result, False, result.staleness_p99 > bound, uses
         )
-        key = (
-            row.over_bound,
-            -rate_bucket(result.steps_per_s),
-            cand.hardware.gpus,
-            cand.cpus(cfg),
-            cand.concurrency,
-            result.staleness_p99,
-        )
-        ranked.append((key, row))
+        ranked.append((rank_key(row, cand.hardware.gpus, cand.cpus(cfg), cand.concurrency), row))
     return [row for _, row in sorted(ranked, key=lambda kr: kr[0])]
-
-
-def rate_bucket(steps_per_s: float) -> int:
-    """``floor(ln(steps/s) / ln 1.02)``: rates within about 2 % share a bucket (a tie in the ranking)."""
-    return math.floor(math.log(steps_per_s) / math.log(1.02)) if steps_per_s > 0 else -(10**9)

@@ -4,10 +4,11 @@ The layouts are the run config with other values of the keys ``labrl train`` acc
 overrides: ``pipeline.max_staleness`` (``pipeline`` mode only: ``sync`` and
 ``one_step_off`` fix it) and ``pipeline.max_concurrent_episodes``. Each is simulated
 (``simulate``) for ``steps`` learner steps at its closed-form rate (``model``); the table
-lists them by simulated steps/s with the closed form beside it, the idle fractions of the
-learner, the sampler and the env slots, the staleness p50 / p99, the component that binds
-first, and flags a layout whose staleness p99 exceeds the config's bound
-(``effective_max_staleness``).
+lists them ranked (``rank_key``, the budget search's rule too: within the config's staleness
+bound first, then by simulated steps/s with rates within about 2 % a tie, then the cheaper,
+then the fresher) with the closed form beside it, the idle fractions of the learner, the
+sampler and the env slots, the staleness p50 / p99, the component that binds first, and flags
+a layout whose staleness p99 exceeds the config's bound (``effective_max_staleness``).
 
 The machine side comes from a calibrating run (``calibrate``: the learner's seconds per step;
 ``calibrate_sampler``: for the local sampler its slots ``sampler.local.max_batch_size`` (x
@@ -21,6 +22,7 @@ one per open episode, so env slots are the layout's ``max_concurrent_episodes``,
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -197,7 +199,21 @@ def plan(
         )
         closed, result = run_layout(cfg, episode, lay, steps=steps, seed=seed)
         out.append(PlannedLayout(dict(overrides), lay, closed, result, i == 0, result.staleness_p99 > bound))
-    return sorted(out, key=lambda r: -r.simulated.steps_per_s)
+    # among layouts as fast, fewer episodes in flight cost less (env slots, KV cache, paid experiments)
+    return sorted(out, key=lambda r: rank_key(r, r.layout.max_concurrent_episodes))
+
+
+def rate_bucket(steps_per_s: float) -> int:
+    """``floor(ln(steps/s) / ln 1.02)``: rates within about 2 % share a bucket (a tie in the ranking)."""
+    return math.floor(math.log(steps_per_s) / math.log(1.02)) if steps_per_s > 0 else -(10**9)
+
+
+def rank_key(row: PlannedLayout, *costs: float) -> tuple[Any, ...]:
+    """The ranking of ``plan`` and of the budget search: within the staleness bound first, then faster
+    (``rate_bucket``: simulation noise does not decide), then cheaper (``costs``, compared in order),
+    then fresher (lower simulated staleness p99)."""
+    sim = row.simulated
+    return (row.over_bound, -rate_bucket(sim.steps_per_s), *costs, sim.staleness_p99)
 
 
 def run_header(

@@ -16,10 +16,11 @@ from labrl.envs.types import Budgets
 from labrl.errors import ConfigError
 from labrl.harness.config import load_run_config
 from labrl.harness.models.config import MoEModelConfig
-from labrl.harness.planning.budget import Budget, parse_budget, rate_bucket, search
+from labrl.harness.planning.budget import Budget, parse_budget, search
 from labrl.harness.planning.draws import Constant, LogNormal
 from labrl.harness.planning.figures import DEFAULTS, RESULTS_DIR, Figure, load_figures
 from labrl.harness.planning.model import Layout, Workload, steady_state
+from labrl.harness.planning.plan import rate_bucket
 from labrl.harness.planning.priors import Hardware, prior_episode, prior_machines
 from labrl.harness.planning.simulate import EpisodeModel, simulate
 
