@@ -187,7 +187,7 @@ def plan(
     seed: int = 0,
 ) -> list[PlannedLayout]:
     """Every candidate layout (``base`` with each candidate's knobs), simulated for ``steps`` learner steps;
-    fastest first (module docstring)."""
+    the best first (``rank_key``)."""
     bound = cfg.pipeline.effective_max_staleness
     out = []
     for i, overrides in enumerate(candidate_overrides(cfg)):

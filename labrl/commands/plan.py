@@ -15,7 +15,7 @@ def add_parser(subparsers: Any) -> None:
         description="Calibrate from RUN_DIR (episodes.jsonl, metrics.jsonl) or, without --from-run, from the "
         "config, the env's budgets and benchmarks/results; simulate CONFIG with other pipeline.max_staleness and "
         "pipeline.max_concurrent_episodes values (or, with --budget, the Ray layouts that fit it) and print the "
-        "fastest (docs/planning.md).",
+        "best: within the config's staleness bound first, then the fastest, then the cheapest (docs/planning.md).",
     )
     p.add_argument("config", help="YAML run config, e.g. configs/quickstart.yaml")
     p.add_argument(
