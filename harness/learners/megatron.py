@@ -294,7 +294,7 @@ class MegatronLearner:
         )
         bad = int((batch.loss_mask_B_T & ~torch.isfinite(old_B_T)).sum())
         if bad:
-            self._record_skip(f"{bad} non-finite proximal log-probs on loss-mask tokens: batch skipped")
+            self._record_skip(f"{bad} {NONFINITE_PROXIMAL}: batch skipped")
             return None, [], 1
         inputs = objectives.ObjectiveInputs.from_train_batch(batch, old_B_T, self._version, ref_B_T)
         prepared = objectives.prepare(cfg.objective, inputs)
@@ -351,9 +351,7 @@ class MegatronLearner:
             nonfinite = batch.loss_mask_B_T[pos, :T] & ~torch.isfinite(old_B_T[pos, :T])
             if context is None:  # one micro-batch: prepare validates every row, so check before it
                 if bad := int(nonfinite.sum()):
-                    self._record_skip(
-                        f"{bad} non-finite proximal log-probs on loss-mask tokens: batch skipped"
-                    )
+                    self._record_skip(f"{bad} {NONFINITE_PROXIMAL}: batch skipped")
                     return None
             else:
                 _tally(checks, NONFINITE_PROXIMAL, nonfinite)
@@ -441,7 +439,7 @@ class MegatronLearner:
             micro_metrics.append(metrics)
         if failed := _first_failure(checks):
             self._drop_gradients()
-            self._record_skip(f"{failed} at step {self.step}: batch skipped")
+            self._record_skip(f"{failed} at step {self.step}: optimizer step skipped")
             return None
         grad_norm = self._clip_gradients()
         if not math.isfinite(grad_norm):
