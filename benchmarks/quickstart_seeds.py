@@ -1,4 +1,4 @@
-"""How reliable is the quickstart? Held-out accuracy at step 200 of ``make run``'s config over seeds.
+"""How reliable is the quickstart? Held-out accuracy at the last step of ``make run``'s config over seeds.
 
 Each seed is one ``labrl train configs/quickstart.yaml seed=N run_dir=...`` process (the command a
 user runs, nothing in-process), so seeds can run in parts, on different days, and be merged:
@@ -198,13 +198,22 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=parse_seeds, default=None, help="e.g. 0-9, 3-5 or 0,2,7")
     p.add_argument("--merge", action="store_true", help="print the table and write the plot")
-    p.add_argument("--step", type=int, default=200, help="the step whose held-out accuracy is measured")
+    p.add_argument(
+        "--step",
+        type=int,
+        default=None,
+        help="the step whose held-out accuracy is measured, the run's last (default: the config's total_steps)",
+    )
     p.add_argument("--nice", action="store_true", help="run each seed under nice -n 10")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="run-config override")
     p.add_argument("--tag", default="default", help="result folder suffix for a variant (--set ...)")
     args = p.parse_args(argv)
     if args.seeds is None and not args.merge:
         p.error("give --seeds, --merge or both")
+    if args.step is None:
+        from labrl.harness.config import load_run_config
+
+        args.step = load_run_config(CONFIG).pipeline.total_steps
     for seed in args.seeds or []:
         run_seed(seed, args)
     if args.merge:
