@@ -42,6 +42,13 @@ class PipelineSection(BaseModel):
         le=16,
         description="play a task whose group was all wrong (and dropped) again, up to this many times",
     )
+    invalid_action_reward: float | None = Field(
+        default=None,
+        ge=-1.0,
+        le=0.0,
+        description="training reward of an episode that ends on an invalid action (None: the env's own); "
+        "below 0 ranks an answer naming no allowed option under a wrong one (harness/pipeline/shaping.py)",
+    )
     max_oversample_factor: float = Field(
         default=8.0, ge=1.0, description="stop if more than this many groups per needed group were dropped"
     )

@@ -3,7 +3,8 @@
 ::
 
     producer:  while admitted: start a group (G episodes of one task) as an asyncio task
-    group:     rollout_group(...) -> overlong handling -> buffer.add (keep / drop + count)
+    group:     rollout_group(...) -> invalid-action reward (``shaping``) -> overlong handling
+               -> buffer.add (keep / drop + count)
     trainer:   wait for a full batch -> collate -> learner.train_step in a worker thread
                -> export weights -> sampler.update_weights (in flight) -> metrics, eval, checkpoint
 
@@ -77,6 +78,7 @@ from labrl.harness.pipeline.config import PipelineSection
 from labrl.harness.pipeline.errors_log import ErrorLog
 from labrl.harness.pipeline.evaluation import EvalOnTestSplit
 from labrl.harness.pipeline.overlong import process_overlong
+from labrl.harness.pipeline.shaping import shape_invalid_action
 from labrl.harness.pipeline.stats import (
     DropStreak,
     StepStats,
@@ -391,6 +393,7 @@ class Orchestrator:
             trajectories = await self.play_group(index, task, sampling)
             processed = []
             for member, t in enumerate(trajectories):
+                t = shape_invalid_action(t, self.cfg.invalid_action_reward)
                 t, flags = process_overlong(t, self.cfg.overlong, self.sampling.max_new_tokens)
                 self.metrics.record_overlong(flags)
                 if self.traces is not None:
