@@ -681,7 +681,10 @@ class MegatronLearner:
         else:
             with replay_routing(model, routed_B_T_L_K, sp_rank=self.sp.rank, sp_size=self.sp.size):
                 logits = self._logits(tokens_B_T, model)
-        logp_B_Tm1_V = torch.log_softmax(logits[:, :-1].float() / self.config.temperature, dim=-1)
+        scores = logits[:, :-1].float()
+        if self.config.temperature != 1.0:  # x / 1.0 == x: skip a pass over (B, T, V), forward and backward
+            scores = scores / self.config.temperature
+        logp_B_Tm1_V = torch.log_softmax(scores, dim=-1)
         logp = logp_B_Tm1_V.gather(-1, tokens_B_T[:, 1:, None]).squeeze(-1)  # (B, T-1)
         return torch.cat([torch.zeros_like(logp[:, :1]), logp], dim=1)  # (B, T)
 

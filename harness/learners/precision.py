@@ -98,8 +98,8 @@ def adamw_with_precision(
 ) -> tuple[torch.optim.AdamW, FP32MasterParams | None]:
     """AdamW for ``params`` in their dtype: over fp32 master copies when they are low precision.
 
-    The one place that decides (``device.optimizer_wrapper``) for the learner and
-    the SFT warm start alike. With a master copy the caller follows the module
+    The one place that decides (``device.optimizer_wrapper``, and the kernel:
+    ``device.adamw_kernel``) for the learner and the SFT warm start alike. With a master copy the caller follows the module
     docstring: ``accumulate_grads`` after each backward, clip and step the
     master parameters, then ``copy_to_model``.
     """
@@ -108,4 +108,6 @@ def adamw_with_precision(
     dtype = params[0].dtype if params else torch.float32
     master = FP32MasterParams(params) if dev.optimizer_wrapper(dtype) == "fp32_master" else None
     stepped = master.master_params if master is not None else params
-    return torch.optim.AdamW(stepped, **adamw), master
+    device = params[0].device if params else dev.HOST
+    fused = {"fused": True} if dev.adamw_kernel(device) == "fused" else {}
+    return torch.optim.AdamW(stepped, **adamw, **fused), master

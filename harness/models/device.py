@@ -297,6 +297,18 @@ def optimizer_wrapper(dtype: torch.dtype) -> Literal["plain", "fp32_master"]:
     return "plain" if dtype == torch.float32 else "fp32_master"
 
 
+def adamw_kernel(device: torch.device) -> Literal["fused", "default"]:
+    """How AdamW runs over parameters on ``device``.
+
+    ``fused`` (CUDA): torch's single-kernel AdamW, one launch for every parameter
+    instead of one per parameter and op, and no intermediate tensors. ``default``
+    (CPU): torch's own choice, kept so that CPU runs (the quickstart's measured
+    seeds among them) stay the same ops as before; the fused CPU kernel would
+    round differently.
+    """
+    return "fused" if device.type == "cuda" else "default"
+
+
 def workarounds(device: torch.device, caps: Capabilities) -> tuple[str, ...]:
     """Names of the ``cpu_compat`` patches a model on ``device`` needs."""
     no_te = () if caps.transformer_engine else NO_TE_WORKAROUNDS

@@ -58,6 +58,7 @@ def test_auto_device_and_bf16_on_cuda(learner, sampler):
         p = next(model.parameters())
         assert p.device.type == "cuda" and p.dtype == torch.bfloat16
     assert learner.master is not None and learner.master.master_params[0].dtype == torch.float32
+    assert learner.optimizer.defaults["fused"] is True  # device.adamw_kernel on CUDA
 
 
 def test_auto_precision_keeps_a_small_model_in_fp32_on_cuda():

@@ -362,3 +362,26 @@ def test_capture_is_eager_without_cuda_graphs():
 
     assert capture_step(step, torch.device("cpu"), enabled=False) is step
     assert calls == []  # no warm-up runs when nothing is captured
+
+
+def test_adamw_is_fused_on_cuda_only():
+    assert dev.adamw_kernel(torch.device("cuda")) == "fused"
+    assert dev.adamw_kernel(torch.device("cuda:1")) == "fused"
+    assert dev.adamw_kernel(torch.device("cpu")) == "default"  # CPU runs keep their ops
+
+
+@pytest.mark.parametrize("kernel", ["fused", "default"])
+def test_adamw_with_precision_builds_the_kernel_the_decision_names(monkeypatch, kernel):
+    from labrl.harness.learners.precision import adamw_with_precision
+
+    seen = []
+    monkeypatch.setattr(dev, "adamw_kernel", lambda device: seen.append(device) or kernel)
+    for dtype in (torch.float32, torch.bfloat16):
+        params = [torch.nn.Parameter(torch.ones(4, dtype=dtype))]
+        opt, master = adamw_with_precision(params, lr=0.1)
+        assert bool(opt.defaults.get("fused")) == (kernel == "fused")
+        stepped = master.master_params if master is not None else params
+        stepped[0].grad = torch.ones(4)
+        opt.step()  # torch's fused CPU kernel stands in for CUDA's: the same arguments are accepted
+        assert float(stepped[0].detach()[0]) == pytest.approx(1 - 0.1 * (1 + 0.01), abs=1e-3)
+    assert seen == [torch.device("cpu")] * 2

@@ -81,3 +81,18 @@ def test_bad_routed_experts_are_refused(learner, h):
     T = batch.tokens_B_T.shape[1]
     with pytest.raises(ConfigError, match=re.escape(f"has shape (2, {T}, 3, 2), expected (2, {T}, 4, 2)")):
         learner.train_step(batch)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_are_those_of_the_logits_over_the_temperature(learner, temperature):
+    tokens = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(3))
+    learner.config = learner.config.model_copy(update={"temperature": temperature})
+    try:
+        with torch.no_grad():
+            got = learner.logprobs(tokens)
+            logits = learner._logits(tokens).float()
+    finally:
+        learner.config = learner.config.model_copy(update={"temperature": 1.0})
+    want = torch.log_softmax(logits[:, :-1] / temperature, dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
+    assert got[:, 0].eq(0).all()
+    assert torch.equal(got[:, 1:], want)  # bit for bit: skipping the division at 1.0 changes nothing

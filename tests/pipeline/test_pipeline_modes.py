@@ -419,3 +419,35 @@ async def test_retries_survive_a_stop_and_resume(tmp_path):
     await orch2.run()
     assert all(n <= 3 for n in orch2.retries.values()) and records[-1]["step"] == 8
     assert len(set(orch2.trained_groups)) == len(orch2.trained_groups)  # the resumed list included
+
+
+class InvalidTailLetterEnv(LetterEnv):
+    """LetterEnv whose answers starting past ``s`` name nothing allowed: an invalid action scored 0."""
+
+    async def step(self, action):  # type: ignore[no-untyped-def]
+        from labrl.envs import StepResult
+        from labrl.envs.types import Outcome
+
+        if action.text[:1] > "s":
+            return StepResult(reward=0.0, done=True, outcome=Outcome.INVALID_ACTION)
+        return await super().step(action)
+
+
+@pytest.mark.parametrize("shaped", [None, -0.5])
+async def test_invalid_action_reward_reaches_the_learner_and_nothing_else(shaped):
+    orch, records = make(
+        "sync", env=lambda: InvalidTailLetterEnv(), steps=4, dynamic_sampling=False,
+        invalid_action_reward=shaped,
+    )  # fmt: skip
+    await orch.run()
+    trained = [
+        (ByteTokenizer().decode(b.tokens_B_T[i][b.loss_mask_B_T[i]].tolist())[:1], float(b.rewards_B[i]))
+        for b in orch.learner.batches  # type: ignore[attr-defined]
+        for i in range(len(b.rewards_B))
+    ]
+    invalid = {r for first, r in trained if first > "s"}
+    assert invalid == {0.0 if shaped is None else shaped}
+    assert {r for first, r in trained if first <= "s"} <= {0.0, 1.0}
+    # the training reward metrics see the shaped reward
+    mean = sum(r for _, r in trained) / len(trained)
+    assert sum(rec["reward/mean"] for rec in records) / len(records) == pytest.approx(mean)

@@ -26,8 +26,9 @@ from labrl.harness.pipeline.admission import (
     pessimistic_keep_rate,
     trained_before_end,
 )
-from labrl.harness.pipeline.buffer import KEEP_WINDOW
+from labrl.harness.pipeline.buffer import KEEP_WINDOW, constant_kind
 from labrl.harness.pipeline.overlong import OverlongSection
+from labrl.harness.pipeline.shaping import shape_invalid_action
 from labrl.harness.pipeline.stats import REPLAYED, episodes_over_staleness
 from labrl.harness.types import NO_VERSION, GenerateRequest, SamplingParams, Trajectory
 
@@ -277,3 +278,36 @@ async def test_budget_forcing_appends_the_cue_and_an_answer_untrained():
     t2, flags = process_overlong(t, OverlongSection(mode="force"), 5)
     assert flags["forced"] == 1
     assert t2.loss_mask_T == [0, 0] + [1] * 5 + [0, 0] + [1] * 3
+
+
+# -- invalid-action reward (shaping) ---------------------------------------------------
+
+
+def test_invalid_action_reward_replaces_the_envs_only_on_invalid_scored_episodes():
+    invalid = traj(0.0, outcome="invalid_action")
+    assert shape_invalid_action(invalid, -0.25).reward == -0.25
+    assert shape_invalid_action(invalid, None) is invalid  # the env's own reward
+    wrong = traj(0.0)
+    assert shape_invalid_action(wrong, -0.25) is wrong  # a valid wrong answer keeps its 0
+    unscored = traj(None, outcome="timeout")
+    assert shape_invalid_action(unscored, -0.25).reward is None  # masked stays masked
+
+
+@pytest.mark.parametrize("value", ["0.5", "-2"])
+def test_invalid_action_reward_outside_minus_one_to_zero_is_a_config_error(value):
+    with pytest.raises(ConfigError, match="pipeline.invalid_action_reward"):
+        build_run_config(
+            apply_overrides({"env": {"id": "test/letter-v0"}}, [f"pipeline.invalid_action_reward={value}"])
+        )
+
+
+def test_a_negative_invalid_reward_splits_an_otherwise_all_wrong_group():
+    # {invalid, wrong, wrong, invalid} all score 0 from the env: no signal, dropped as all-wrong.
+    # Shaped, the valid-but-wrong answers rank above the invalid ones and the group is kept.
+    members = [traj(0.0, outcome="invalid_action"), traj(0.0), traj(0.0), traj(0.0, outcome="invalid_action")]
+    for shaped, verdict in ((None, "zero_variance"), (-0.1, "kept")):
+        buffer = GroupBuffer(1)
+        group = Group(0, 0, [shape_invalid_action(t, shaped) for t in members], 0, 0.0, 0.0)
+        assert buffer.add(group) == verdict
+    all_invalid = [traj(0.0, outcome="invalid_action")] * 4
+    assert constant_kind([shape_invalid_action(t, -0.1).reward for t in all_invalid]) == "all_wrong"
