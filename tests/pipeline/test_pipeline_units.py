@@ -295,7 +295,7 @@ def test_invalid_action_reward_replaces_the_envs_only_on_invalid_scored_episodes
 
 @pytest.mark.parametrize("value", ["0.5", "-2"])
 def test_invalid_action_reward_outside_minus_one_to_zero_is_a_config_error(value):
-    with pytest.raises(ConfigError, match="pipeline.invalid_action_reward"):
+    with pytest.raises(ConfigError, match=re.escape("pipeline.invalid_action_reward")):
         build_run_config(
             apply_overrides({"env": {"id": "test/letter-v0"}}, [f"pipeline.invalid_action_reward={value}"])
         )
