@@ -710,7 +710,9 @@ class MegatronLearner:
         def sum_of_squares(params: list[torch.Tensor]) -> torch.Tensor:
             if not params:
                 return torch.zeros((), dtype=torch.float64, device=self.device)
-            norms = [torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float64) for p in params]
+            # one multi-tensor kernel on CUDA instead of a launch per parameter (the same per-tensor
+            # norms on CPU, where torch falls back to them)
+            norms = torch._foreach_norm([p.grad.detach() for p in params], 2, dtype=torch.float64)
             return torch.stack(norms).square().sum()
 
         dense = sum_of_squares([p for p in counted if getattr(p, "allreduce", True)])
