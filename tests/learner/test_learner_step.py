@@ -96,3 +96,25 @@ def test_logprobs_are_those_of_the_logits_over_the_temperature(learner, temperat
     want = torch.log_softmax(logits[:, :-1] / temperature, dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
     assert got[:, 0].eq(0).all()
     assert torch.equal(got[:, 1:], want)  # bit for bit: skipping the division at 1.0 changes nothing
+
+
+@pytest.mark.parametrize("clip", [None, 1e-3])
+def test_grad_norm_is_the_global_l2_norm_and_clipping_scales_to_it(h, clip):
+    learner = MegatronLearner(
+        LearnerConfig(
+            micro_batch_size=4,
+            optimizer=OptimizerConfig(lr=1e-4, grad_clip=clip),
+            objective=objectives.ObjectiveConfig(loss="reinforce"),
+        )
+    )
+    batch = h.sampled_batch(h.make_sampler(learner, "fp32"), n=8, max_new=12, seed=5)
+    metrics = learner.train_step(batch)
+    # the gradients stay on the parameters until the next step: their norm after any clipping
+    left = math.sqrt(
+        sum(float(p.grad.double().square().sum()) for p in learner.model.parameters() if p.grad is not None)
+    )
+    if clip is None:
+        assert left == pytest.approx(metrics["learner/grad_norm"], rel=1e-9)
+    else:
+        assert metrics["learner/grad_norm"] > 10 * clip  # clipped: scaled down to the bound
+        assert left == pytest.approx(clip, rel=1e-4)
