@@ -63,8 +63,8 @@ class FP32MasterParams:
 
     @torch.no_grad()
     def copy_to_model(self) -> None:
-        for p, master in zip(self.model_params, self.master_params, strict=True):
-            p.copy_(master)
+        # one multi-tensor copy (rounding to the model's dtype) where torch has the kernel for it
+        torch._foreach_copy_(self.model_params, self.master_params)
 
     @torch.no_grad()
     def copy_from_model(self) -> None:
