@@ -9,7 +9,11 @@ MoE and a 64-expert top-8 MoE, 4 layers, hidden 2048, expert FFN 1024, vocab
 - ``megatron``: bare megatron-core, same model builder (same spec), same
   micro-batch and sequence length: forward, cross-entropy, backward, AdamW
   on the bf16 parameters; once with the build's attention (``SDPAttention``
-  without TE) and once with megatron's unfused ``DotProductAttention``;
+  without TE) and once with megatron's unfused ``DotProductAttention``; and
+  once more with ``TorchGroupedMLP`` under labrl's precision policy (fp32 master
+  weights and AdamW moments, fp32 gradient accumulation: ``adamw_with_precision``),
+  so that ``vs_same_precision`` separates the harness's own cost in
+  ``train_step`` from the cost of its mixed precision;
 - ``hf``: transformers' ``Qwen3MoeForCausalLM`` in bf16 with
   ``experts_implementation="grouped_mm"`` (what a TRL/FSDP user trains), same
   shape, forward + backward + AdamW.
@@ -205,7 +209,9 @@ def bench_megatron(
     peak,
     experts: str = "sequential",
     attention: str = "auto",
+    fp32_master: bool = False,
 ) -> dict:
+    from labrl.harness.learners.precision import adamw_with_precision
     from labrl.harness.models import build_gpt_model, causal_attention_mask
 
     free_cuda()
@@ -213,7 +219,11 @@ def bench_megatron(
     model = build_gpt_model(
         cfg, routing_replay=False, device=device, dtype=torch.bfloat16, experts=experts, attention=attention
     ).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    if fp32_master:  # labrl's precision policy (module docstring), nothing else of its learner
+        opt, master = adamw_with_precision(list(model.parameters()), lr=1e-5)
+        assert master is not None
+    else:
+        opt, master = torch.optim.AdamW(model.parameters(), lr=1e-5), None
     tokens = torch.randint(0, min(cfg.vocab_size, 256), (B, T), device=device)
     positions = torch.arange(T, device=device).expand(mbs, T)
     mask = causal_attention_mask(T, device=device)
@@ -227,14 +237,21 @@ def bench_megatron(
                 logits[:, :-1].float().reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1)
             )
             loss.backward()
+            if master is not None:
+                master.accumulate_grads()
         opt.step()
+        if master is not None:
+            master.copy_to_model()
 
     seconds = cuda_timed(step, repeats)
-    name = f"bare megatron-core, {EXPERTS[experts]}" + (
-        ", unfused attention" if attention == "unfused" else ""
+    name = (
+        f"bare megatron-core, {EXPERTS[experts]}"
+        + (", unfused attention" if attention == "unfused" else "")
+        + (", fp32 master" if fp32_master else "")
     )
     out = row(name, cfg, B * T, seconds, T, peak)
     out["experts"] = EXPERTS[experts]
+    out["fp32_master"] = fp32_master
     out["attention"] = type(model.decoder.layers[0].self_attention.core_attention).__name__
     return out
 
@@ -244,6 +261,13 @@ def bench_megatron_unfused(
 ) -> dict:
     """The bare megatron-core row with megatron's unfused DotProductAttention (the spec before SDPA)."""
     return bench_megatron(cfg, B, T, mbs, repeats, peak, experts, attention="unfused")
+
+
+def bench_megatron_master(
+    cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, peak, experts: str
+) -> dict:
+    """The bare megatron-core row under labrl's precision policy (fp32 master weights and moments)."""
+    return bench_megatron(cfg, B, T, mbs, repeats, peak, experts, fp32_master=True)
 
 
 def bench_hf(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, peak) -> dict:
@@ -413,6 +437,7 @@ def gpu_part(repeats: int, parts: tuple[str, ...] = GPU_PARTS, save=lambda out: 
         benches = [
             (bench_megatron, "sequential"), (bench_labrl, "sequential"), (bench_hf, None),
             (bench_megatron, "grouped_mm"), (bench_labrl, "grouped_mm"), (bench_megatron_unfused, "sequential"),
+            (bench_megatron_master, "grouped_mm"),
         ]  # fmt: skip
         for bench, experts in benches:
             args = (cfg, B, T, mbs, repeats, peak) + ((experts,) if experts else ())
@@ -428,13 +453,19 @@ def gpu_part(repeats: int, parts: tuple[str, ...] = GPU_PARTS, save=lambda out: 
         bare = {  # the SDPA rows: the unfused one is attention's own comparison
             r["experts"]: r["tokens_per_s"]
             for r in rows
-            if r["path"].startswith("bare") and "experts" in r and "unfused" not in r["path"]
+            if r["path"].startswith("bare")
+            and "experts" in r
+            and "unfused" not in r["path"]
+            and not r.get("fp32_master")
         }
+        same_precision = {r["experts"]: r["tokens_per_s"] for r in rows if r.get("fp32_master")}
         for r in rows:
             if base and "tokens_per_s" in r:
                 r["vs_bare_megatron"] = r["tokens_per_s"] / base
             if r["path"].startswith("labrl") and r.get("experts") in bare:
                 r["vs_same_experts"] = r["tokens_per_s"] / bare[r["experts"]]
+            if r["path"].startswith("labrl") and r.get("experts") in same_precision:
+                r["vs_same_precision"] = r["tokens_per_s"] / same_precision[r["experts"]]
         save(out)
     bandwidth = hbm_bytes_per_s()
     out["hbm_bytes_per_s"] = bandwidth
@@ -664,6 +695,8 @@ def learner_row_line(r: dict) -> str:
         return f"{r['path']:55} error: {r['error']}"
     mfu = "n/a" if r["mfu"] is None else f"{r['mfu']:.1%}"
     same = f"  same experts x{r['vs_same_experts']:.2f}" if "vs_same_experts" in r else ""
+    if "vs_same_precision" in r:
+        same += f"  same precision x{r['vs_same_precision']:.2f}"
     return (f"{r['path']:55} {r['tokens_per_s']:>10.0f} tok/s {r['model_tflops']:>7.1f} TFLOP/s "
             f"MFU {mfu:>6} peak {r['peak_mem_gib']:.1f} GiB  x{r.get('vs_bare_megatron', 0):.2f}{same}")  # fmt: skip
 
