@@ -99,9 +99,9 @@ def adamw_with_precision(
     """AdamW for ``params`` in their dtype: over fp32 master copies when they are low precision.
 
     The one place that decides (``device.optimizer_wrapper``, and the kernel:
-    ``device.adamw_kernel``) for the learner and the SFT warm start alike. With a master copy the caller follows the module
-    docstring: ``accumulate_grads`` after each backward, clip and step the
-    master parameters, then ``copy_to_model``.
+    ``device.adamw_kernel``) for the learner and the SFT warm start alike. With a
+    master copy the caller follows the module docstring: ``accumulate_grads``
+    after each backward, clip and step the master parameters, then ``copy_to_model``.
     """
     from labrl.harness.models import device as dev
 
