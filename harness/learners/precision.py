@@ -64,7 +64,9 @@ class FP32MasterParams:
     @torch.no_grad()
     def copy_to_model(self) -> None:
         # one multi-tensor copy (rounding to the model's dtype) where torch has the kernel for it
-        torch._foreach_copy_(self.model_params, self.master_params)
+        model: list[torch.Tensor] = list(self.model_params)
+        master: list[torch.Tensor] = list(self.master_params)
+        torch._foreach_copy_(model, master)
 
     @torch.no_grad()
     def copy_from_model(self) -> None:
