@@ -434,7 +434,7 @@ class InvalidTailLetterEnv(LetterEnv):
 
 
 @pytest.mark.parametrize("shaped", [None, -0.5])
-async def test_invalid_action_reward_reaches_the_learner_and_nothing_else(shaped):
+async def test_invalid_action_reward_reaches_the_learners_batch_and_the_reward_metrics(shaped):
     orch, records = make(
         "sync", env=lambda: InvalidTailLetterEnv(), steps=4, dynamic_sampling=False,
         invalid_action_reward=shaped,
