@@ -202,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         "--step",
         type=int,
         default=None,
-        help="the step whose held-out accuracy is measured, the run's last (default: the config's total_steps)",
+        help="the step whose held-out accuracy is measured, the run's last (default: the config's "
+        "total_steps, with the --set overrides)",
     )
     p.add_argument("--nice", action="store_true", help="run each seed under nice -n 10")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="run-config override")
@@ -213,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.step is None:
         from labrl.harness.config import load_run_config
 
-        args.step = load_run_config(CONFIG).pipeline.total_steps
+        args.step = load_run_config(CONFIG, args.set).pipeline.total_steps
     for seed in args.seeds or []:
         run_seed(seed, args)
     if args.merge:
