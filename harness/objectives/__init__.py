@@ -17,7 +17,7 @@ from ._advantages import (
     rloo_advantages,
     whiten_advantages,
 )
-from ._aggregation import aggregate, global_denominator
+from ._aggregation import aggregate, global_denominator, valid_counts
 from ._config import M2PO, OPSM, TIS, Correction, GeoMask, IcePop, ObjectiveConfig, TokenMask, Veto
 from ._corrections import (
     M2POResult,
@@ -106,6 +106,7 @@ __all__ = [
     "tis_sequence_weights",
     "tis_token_weights",
     "token_mask",
+    "valid_counts",
     "veto_mask",
     "whiten_advantages",
     "whole_batch_terms",

@@ -22,18 +22,26 @@ import torch
 from labrl.errors import ConfigError
 
 
-def global_denominator(kind: str, valid_B_T: torch.Tensor, constant: float | None = None) -> float:
-    """The global divisor for ``kind`` (computed once, before micro-batching)."""
-    n_tok = int(valid_B_T.sum().item())
-    n_seq = int(valid_B_T.any(dim=1).sum().item())
+def valid_counts(valid_B_T: torch.Tensor) -> tuple[int, int]:
+    """``(N_tok, N_seq)`` of a valid-token mask: its valid tokens and the rows holding any.
+
+    Two host reads: call it once per batch (or mini-batch) and pass the counts on,
+    never per micro-batch, where each read would wait for the device."""
+    return int(valid_B_T.sum()), int(valid_B_T.any(dim=1).sum())
+
+
+def global_denominator(
+    kind: str, num_valid_tokens: int, num_valid_seqs: int, constant: float | None = None
+) -> float:
+    """The global divisor for ``kind`` from the batch's ``valid_counts`` (computed once, before micro-batching)."""
     if kind == "token_mean":
-        return float(max(n_tok, 1))
+        return float(max(num_valid_tokens, 1))
     if kind == "seq_mean_token_mean":
-        return float(max(n_seq, 1))
+        return float(max(num_valid_seqs, 1))
     if kind == "seq_sum_constant":
         if constant is None:
             raise ConfigError("aggregation=seq_sum_constant requires aggregation_constant")
-        return float(constant) * max(n_seq, 1)
+        return float(constant) * max(num_valid_seqs, 1)
     raise ConfigError(
         f"aggregation must be token_mean, seq_mean_token_mean or seq_sum_constant (got {kind!r})"
     )

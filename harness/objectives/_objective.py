@@ -66,7 +66,7 @@ import torch
 from labrl.errors import ConfigError, LearnerError
 
 from ._advantages import compute_advantages
-from ._aggregation import aggregate, global_denominator
+from ._aggregation import aggregate, global_denominator, valid_counts
 from ._config import M2PO, OPSM, TIS, GeoMask, IcePop, ObjectiveConfig, TokenMask, Veto
 from ._corrections import (
     geo_mask,
@@ -225,12 +225,12 @@ def minibatch(
     over the whole batch in ``prepare``.
     """
     sub = prepared.select(index)
-    valid = sub.valid_B_T
+    n_valid, n_seqs = valid_counts(sub.valid_B_T)
     return dataclasses.replace(
         sub,
-        denominator=global_denominator(cfg.aggregation, valid, cfg.aggregation_constant),
-        num_valid_tokens=int(valid.sum()),
-        num_valid_seqs=int(valid.any(dim=1).sum()),
+        denominator=global_denominator(cfg.aggregation, n_valid, n_seqs, cfg.aggregation_constant),
+        num_valid_tokens=n_valid,
+        num_valid_seqs=n_seqs,
     )
 
 
@@ -268,7 +268,7 @@ def _assemble(
         old_logprobs_B_T=old,
         behaviour_logprobs_B_T=mu,
         ref_logprobs_B_T=ref,
-        denominator=global_denominator(cfg.aggregation, valid, cfg.aggregation_constant),
+        denominator=global_denominator(cfg.aggregation, n_valid, n_seqs, cfg.aggregation_constant),
         num_valid_tokens=n_valid,
         num_valid_seqs=n_seqs,
         metrics=metrics if metrics is not None else {},
@@ -281,8 +281,7 @@ def prepare(cfg: ObjectiveConfig, inputs: ObjectiveInputs) -> PreparedBatch:
     _check_inputs(cfg, inputs)
 
     valid = _valid_tokens(inputs)  # (B, T)
-    n_valid = int(valid.sum())
-    n_seqs = int(valid.any(dim=1).sum())
+    n_valid, n_seqs = valid_counts(valid)
     metrics: Metrics = {
         "tokens/valid": float(n_valid),
         "tokens/nonfinite_behaviour": float((inputs.loss_mask_B_T & ~valid).sum()),
@@ -352,7 +351,7 @@ def rows_context(cfg: ObjectiveConfig, inputs: ObjectiveInputs) -> RowsContext:
         )
     valid = _valid_tokens(inputs)
     adv_B, _ = compute_advantages(cfg.advantages, inputs.rewards_B, inputs.group_ids_B, cfg.advantage_eps)
-    return RowsContext(valid, int(valid.sum()), int(valid.any(dim=1).sum()), adv_B)
+    return RowsContext(valid, *valid_counts(valid), adv_B)
 
 
 @torch.no_grad()

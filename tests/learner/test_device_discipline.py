@@ -17,8 +17,9 @@ threads enter the mode too:
   ``.tolist()``, ``.numpy()``, ...) on tensors that are not known host tensors
   are counted. Host tensors: results of such a copy, factories with
   ``device=HOST``, the collated ``TrainBatch`` (built on the host by
-  ``labrl.harness.rollout.batching``, the intended pattern) and whatever is computed
-  only from host tensors. The sampler may copy at most 3 times per forward
+  ``labrl.harness.rollout.batching``, the intended pattern) until its upload
+  (``batching.to_device``, which on CPU hands back the same tensors: from then on
+  they stand for device tensors) and whatever is computed only from host tensors. The sampler may copy at most 3 times per forward
   (logits down, fed tokens up, routing down) whatever the batch size; the
   learner a bounded number of times per train step, not once per parameter
   nor once per micro-batch.
@@ -61,6 +62,7 @@ FACTORIES = {
     "randperm", "linspace", "eye", "from_numpy", "empty_strided", "scalar_tensor",
 }  # fmt: skip
 COPIES = {"cpu", "cuda", "to", "item", "tolist", "numpy", "__int__", "__float__", "__bool__", "__index__"}
+UPLOAD = "labrl.harness.rollout.batching"  # `to_device`: a train batch's one host-to-device copy
 # 2 MoE layers of 8 experts: > 30 parameter tensors, few enough torch calls to audit every one quickly
 TINY = get_preset("tiny-moe").model_copy(
     update={"num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 128, "moe_ffn_hidden_size": 64}
@@ -115,6 +117,11 @@ class DeviceAudit(TorchFunctionMode):
         module, where = _caller_module()
         watched = module.startswith(WATCHED)
         out = func(*args, **kwargs)
+        if module == UPLOAD and name == "to" and to_device(args, kwargs) == self.device:
+            # the train step's one upload: on a CPU machine `.to(cpu)` hands back the host tensor itself,
+            # which from here on stands for the device tensor it is on CUDA (reads of it are copies)
+            self._host.pop(id(out), None)
+            return out
         leaves = torch.utils._pytree.tree_leaves((args, kwargs))
         tensors = [a for a in leaves if isinstance(a, torch.Tensor)]
         all_host = bool(tensors) and all(self.is_host(t) for t in tensors)

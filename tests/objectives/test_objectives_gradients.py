@@ -19,6 +19,7 @@ from labrl.harness.objectives import (
     global_denominator,
     policy_loss,
     prepare,
+    valid_counts,
 )
 
 LOSSES = ["reinforce", "ppo", "cispo", "gspo"]
@@ -40,11 +41,12 @@ def _cfg(loss: str, agg: str, corrections: list | None = None, **kw) -> Objectiv
 def test_aggregation_hand_values() -> None:
     loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, float("nan"), float("inf")]])
     valid = torch.tensor([[True, True, True], [True, False, False]])
-    assert global_denominator("token_mean", valid) == 4.0
+    assert valid_counts(valid) == (4, 2)
+    assert global_denominator("token_mean", *valid_counts(valid)) == 4.0
     assert aggregate("token_mean", loss, valid, 4.0).item() == 2.5  # 10 / 4
-    assert global_denominator("seq_mean_token_mean", valid) == 2.0
+    assert global_denominator("seq_mean_token_mean", *valid_counts(valid)) == 2.0
     assert aggregate("seq_mean_token_mean", loss, valid, 2.0).item() == 3.0  # (6/3 + 4/1) / 2
-    assert global_denominator("seq_sum_constant", valid, 4.0) == 8.0
+    assert global_denominator("seq_sum_constant", *valid_counts(valid), 4.0) == 8.0
     assert aggregate("seq_sum_constant", loss, valid, 8.0).item() == 1.25  # 10 / (4 * 2)
 
 
