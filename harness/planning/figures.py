@@ -3,11 +3,12 @@ else from ``DEFAULTS``, the one table of values nobody has measured here, each w
 
 Read from ``benchmarks/results/`` (``load_figures``), when the file is there:
 
-- ``gpu_*/gpu_learner.json`` (``benchmarks/gpu_learner.py``, the newest directory by name): the learner's
-  tokens/s per GPU (the fastest ``labrl MegatronLearner.train_step`` row of the shape with the most
-  active parameters: the experts module ``auto`` picks on a GPU is the faster one) and the local
-  sampler's decode tokens/s per GPU (its batch-64 row on the quickstart shape, with the default
-  ``megatron`` engine);
+- ``gpu_*/gpu_learner.json`` (``benchmarks/gpu_learner.py``; each figure from the newest directory that
+  measured it, newest by the date that ends the directory's name, then by name: a run of only some
+  parts leaves the others' figures to older runs): the learner's tokens/s per GPU (the fastest
+  ``labrl MegatronLearner.train_step`` row of the shape with the most active parameters: the experts
+  module ``auto`` picks on a GPU is the faster one) and the local sampler's decode tokens/s per GPU
+  (its batch-64 row on the quickstart shape, with the default ``megatron`` engine);
 - ``learner_throughput.json`` (``benchmarks/learner_throughput.py``, the ``tiny-moe`` preset on CPU): the
   learner's and the local sampler's (fp32, batch 64) tokens/s on CPU;
 - ``ray_scaling.json`` (``benchmarks/ray_scaling.py``): the driver's CPU milliseconds per episode at its
@@ -22,6 +23,7 @@ whose steps are launch-bound.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -102,25 +104,37 @@ def _recorded(key: str, value: float, source: str, active_params: int | None = N
     return replace(DEFAULTS[key], value=float(value), source=source, active_params=params, recorded=True)
 
 
-def _gpu_learner(results: Path) -> dict[str, Figure]:
-    paths = sorted(results.glob("gpu_*/gpu_learner.json"))
-    data = _read(paths[-1]) if paths else None
-    if not data or "gpu" not in data:
-        return {}
-    gpu, where = data["gpu"], paths[-1].relative_to(results)
-    out = {}
+def _gpu_results(results: Path) -> list[tuple[Path, dict]]:
+    """Every ``gpu_*/gpu_learner.json`` with its GPU part, newest first (module docstring)."""
+
+    def newest_first(path: Path) -> tuple[str, str]:
+        dated = re.search(r"(\d{4}-\d{2}-\d{2})$", path.parent.name)
+        return (dated.group(1) if dated else "", path.parent.name)
+
+    out = []
+    for path in sorted(results.glob("gpu_*/gpu_learner.json"), key=newest_first, reverse=True):
+        data = _read(path)
+        if data and "gpu" in data:
+            out.append((path.relative_to(results), data["gpu"]))
+    return out
+
+
+def _learner_figure(where: Path, gpu: dict) -> Figure | None:
     shapes = sorted(gpu.get("shapes", {}).items(), key=lambda kv: kv[1]["active_matmul_params"])
     for name, shape in reversed(shapes):
         measured = [r for r in shape["rows"] if r["path"].startswith("labrl") and "tokens_per_s" in r]
         if measured:
             row = max(measured, key=lambda r: r["tokens_per_s"])
-            out["learner_tokens_per_s_gpu"] = _recorded(
+            return _recorded(
                 "learner_tokens_per_s_gpu",
                 row["tokens_per_s"],
                 f"{where}: {row['path']}, {name}, {gpu.get('device', 'GPU')}",
                 shape["active_matmul_params"],
             )
-            break
+    return None
+
+
+def _sampler_figure(where: Path, gpu: dict) -> Figure | None:
     sampler = next(
         (
             r
@@ -133,13 +147,25 @@ def _gpu_learner(results: Path) -> dict[str, Figure]:
         None,
     )
     tiny = gpu.get("shapes", {}).get("tiny-moe")
-    if sampler is not None and tiny is not None:
-        out["local_sampler_tokens_per_s_gpu"] = _recorded(
-            "local_sampler_tokens_per_s_gpu",
-            sampler["tokens_per_s"],
-            f"{where}: {sampler['path']}, batch 64, tiny-moe",
-            tiny["active_matmul_params"],
-        )
+    if sampler is None or tiny is None:
+        return None
+    return _recorded(
+        "local_sampler_tokens_per_s_gpu",
+        sampler["tokens_per_s"],
+        f"{where}: {sampler['path']}, batch 64, tiny-moe",
+        tiny["active_matmul_params"],
+    )
+
+
+def _gpu_learner(results: Path) -> dict[str, Figure]:
+    out: dict[str, Figure] = {}
+    for where, gpu in _gpu_results(results):
+        for key, read in (
+            ("learner_tokens_per_s_gpu", _learner_figure),
+            ("local_sampler_tokens_per_s_gpu", _sampler_figure),
+        ):
+            if key not in out and (figure := read(where, gpu)) is not None:
+                out[key] = figure
     return out
 
 

@@ -25,7 +25,10 @@ from labrl.harness.planning.priors import Hardware, prior_episode, prior_machine
 from labrl.harness.planning.simulate import EpisodeModel, simulate
 
 CONFIG = Path(__file__).parent / "fixtures" / "plan.yaml"
-NEWEST_GPU = "gpu_h100_2026-11-27"  # the newest benchmarks/results/gpu_*/ (load_figures reads the newest)  # B = 1 group of G = 4, local sampler of 8 slots
+# the newest benchmarks/results/gpu_*/ with learner rows, and with sampler rows (load_figures reads, per
+# figure, the newest that measured it; the H200 run measured the learner only)
+NEWEST_GPU = "gpu_h200_2026-11-27"
+NEWEST_GPU_SAMPLER = "gpu_h100_2026-11-27"
 
 
 # -- figures ---------------------------------------------------------------------------------
@@ -34,6 +37,7 @@ NEWEST_GPU = "gpu_h100_2026-11-27"  # the newest benchmarks/results/gpu_*/ (load
 def test_the_recorded_benchmark_figures_are_read_from_their_results():
     figures = load_figures()
     gpu = json.loads((RESULTS_DIR / NEWEST_GPU / "gpu_learner.json").read_text())["gpu"]
+    assert not gpu["sampler"]  # so the sampler figure comes from the run before
     big = gpu["shapes"]["moe-64x-top8-h2048"]
     # the TorchGroupedMLP row, the faster of labrl's two (the experts auto picks in bf16 on CUDA)
     grouped = next(r for r in big["rows"] if r["path"] == "labrl MegatronLearner.train_step, TorchGroupedMLP")
@@ -43,11 +47,15 @@ def test_the_recorded_benchmark_figures_are_read_from_their_results():
         big["active_matmul_params"],
         True,
     )
-    assert learner.value == pytest.approx(58_649, abs=1)
+    assert learner.value == pytest.approx(79_506, abs=1)
+    assert learner.source.startswith(f"{NEWEST_GPU}/gpu_learner.json: labrl")
+    before = json.loads((RESULTS_DIR / NEWEST_GPU_SAMPLER / "gpu_learner.json").read_text())["gpu"]
     megatron_engine = next(
-        r for r in gpu["sampler"] if (r["model"], r["batch"], r["engine"]) == ("tiny-moe", 64, "megatron")
+        r for r in before["sampler"] if (r["model"], r["batch"], r["engine"]) == ("tiny-moe", 64, "megatron")
     )
-    assert figures["local_sampler_tokens_per_s_gpu"].value == megatron_engine["tokens_per_s"]
+    sampler = figures["local_sampler_tokens_per_s_gpu"]
+    assert sampler.value == megatron_engine["tokens_per_s"]
+    assert sampler.source.startswith(f"{NEWEST_GPU_SAMPLER}/gpu_learner.json: ")
     scaling = json.loads((RESULTS_DIR / "ray_scaling.json").read_text())["scaling"]
     assert figures["driver_s_per_episode"].value == pytest.approx(
         scaling[-1]["driver_cpu_ms_per_episode"] / 1000
@@ -56,6 +64,30 @@ def test_the_recorded_benchmark_figures_are_read_from_their_results():
     cpu = json.loads((RESULTS_DIR / "learner_throughput.json").read_text())
     assert figures["learner_tokens_per_s_cpu"].value == cpu["learner_tokens_per_s"]
     assert not figures["sglang_tokens_per_s_gpu"].recorded  # nothing measures SGLang here: the table's
+
+
+def _gpu_result(root, folder: str, learner: float | None, sampler: float | None) -> None:
+    tiny = {"active_matmul_params": 100, "rows": []}
+    if learner is not None:
+        tiny["rows"].append({"path": "labrl MegatronLearner.train_step, X", "tokens_per_s": learner})
+    runs = [] if sampler is None else [{"model": "tiny-moe", "batch": 64, "engine": "megatron",
+                                          "path": "local sampler", "tokens_per_s": sampler}]  # fmt: skip
+    (root / folder).mkdir()
+    (root / folder / "gpu_learner.json").write_text(
+        json.dumps({"gpu": {"device": "G", "shapes": {"tiny-moe": tiny}, "sampler": runs}})
+    )
+
+
+def test_each_gpu_figure_comes_from_the_newest_run_that_measured_it(tmp_path):
+    _gpu_result(tmp_path, "gpu_b_2026-01-02", learner=1.0, sampler=10.0)
+    _gpu_result(tmp_path, "gpu_a_2026-01-03", learner=None, sampler=20.0)  # newer by date, not by name
+    _gpu_result(tmp_path, "gpu_z_2026-01-01", learner=3.0, sampler=30.0)  # older, though last by name
+    _gpu_result(tmp_path, "gpu_c_2026-01-03", learner=2.0, sampler=None)  # same day: name decides
+    figures = load_figures(tmp_path)
+    assert figures["learner_tokens_per_s_gpu"].value == 2.0
+    assert figures["learner_tokens_per_s_gpu"].source.startswith("gpu_c_2026-01-03/")
+    assert figures["local_sampler_tokens_per_s_gpu"].value == 20.0
+    assert figures["local_sampler_tokens_per_s_gpu"].source.startswith("gpu_a_2026-01-03/")
 
 
 def test_a_results_dir_without_a_file_falls_back_to_the_defaults_table(tmp_path):
