@@ -4,7 +4,9 @@
 #                                                # with SequentialMLP and with TorchGroupedMLP experts)
 #   QUICKSTART_SEEDS="0 1 2" bash benchmarks/gpu_check.sh   # + the quickstart on CUDA, per seed
 #   QUICKSTART_TIMEOUT_S=300 ...   # stop each quickstart after 300 s (resumable; its metrics so far are kept)
-#   GPU_LEARNER_BENCH=0 ...        # skip benchmarks/gpu_learner.py (tests and quickstart only)
+#   GPU_LEARNER_BENCH=0 ...        # skip benchmarks/gpu_learner.py and step_profile.py (tests and quickstart only)
+#   GPU_PROFILE=0 ...              # skip benchmarks/step_profile.py (where labrl's step and bare megatron-core's,
+#                                  # same experts and precision, spend their time; ~1 min)
 #   GPU_LEARNER_TIMEOUT_S=300 ...  # stop the benchmark after 300 s (the rows measured so far are kept)
 #   GPU_LEARNER_PARTS=sampler ...  # only some of its parts: learner,sampler,attention (default all)
 # The quickstart seeds start first and run concurrently on the one GPU (a 0.6M-parameter model uses
@@ -84,6 +86,12 @@ if [ "${GPU_LEARNER_BENCH:-1}" != 0 ]; then  # GPU_LEARNER_BENCH=0: tests and qu
     "$PY" benchmarks/gpu_learner.py \
     --parts "${GPU_LEARNER_PARTS:-learner,sampler,attention}" --out "$OUT/gpu_learner.json" 2>&1 |
     tee "$OUT/gpu_learner.txt" || status=1
+  if [ "${GPU_PROFILE:-1}" != 0 ]; then
+    echo "[t+$((SECONDS - started))s] step profile"
+    PYTHONPATH=benchmarks${PYTHONPATH:+:$PYTHONPATH} timeout --signal=INT "${GPU_PROFILE_TIMEOUT_S:-0}" \
+      "$PY" benchmarks/step_profile.py --out "$OUT/step_profile.json" 2>&1 |
+      tee "$OUT/step_profile.txt" || status=1
+  fi
 fi
 
 if [ ${#QS_PIDS[@]} -gt 0 ]; then

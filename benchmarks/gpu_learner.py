@@ -200,22 +200,25 @@ def bench_labrl(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, pea
     return out
 
 
-def bench_megatron(
+def megatron_step(
     cfg: MoEModelConfig,
     B: int,
     T: int,
     mbs: int,
-    repeats: int,
-    peak,
     experts: str = "sequential",
     attention: str = "auto",
     fp32_master: bool = False,
-) -> dict:
+    device: torch.device | None = None,
+):
+    """Bare megatron-core's training step on a random (B, T) batch: ``(step, model)``.
+
+    Micro-batches of ``mbs`` rows: forward, cross-entropy, backward; then AdamW on
+    the bf16 parameters, or (``fp32_master``) under labrl's precision policy
+    (``adamw_with_precision``) and nothing else of its learner."""
     from labrl.harness.learners.precision import adamw_with_precision
     from labrl.harness.models import build_gpt_model, causal_attention_mask
 
-    free_cuda()
-    device = torch.device("cuda")
+    device = torch.device("cuda") if device is None else device
     model = build_gpt_model(
         cfg, routing_replay=False, device=device, dtype=torch.bfloat16, experts=experts, attention=attention
     ).train()
@@ -243,6 +246,22 @@ def bench_megatron(
         if master is not None:
             master.copy_to_model()
 
+    return step, model
+
+
+def bench_megatron(
+    cfg: MoEModelConfig,
+    B: int,
+    T: int,
+    mbs: int,
+    repeats: int,
+    peak,
+    experts: str = "sequential",
+    attention: str = "auto",
+    fp32_master: bool = False,
+) -> dict:
+    free_cuda()
+    step, model = megatron_step(cfg, B, T, mbs, experts, attention, fp32_master)
     seconds = cuda_timed(step, repeats)
     name = (
         f"bare megatron-core, {EXPERTS[experts]}"

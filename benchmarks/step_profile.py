@@ -1,0 +1,218 @@
+"""Where a training step's time goes: labrl's ``train_step`` against bare megatron-core under the same
+precision policy, profiled side by side (issue 26: the gap left after the same experts and precision).
+
+Both paths build the same model (``build_gpt_model``, bf16, ``TorchGroupedMLP`` experts) and step it on a
+B x T batch in micro-batches; bare megatron-core is ``gpu_learner.megatron_step(fp32_master=True)``:
+forward, cross-entropy, backward, fp32 gradient accumulation, AdamW on fp32 master weights, copy back,
+and nothing else. ``--steps`` steps of each run under ``torch.profiler`` after one warm-up step, and per
+step this reports:
+
+- ``wall_ms``: host wall time (the device synchronised before and after);
+- ``busy_ms``: the union of the device's intervals (kernels, copies, fills); ``idle_frac`` =
+  1 - busy / wall, the share of the step the device waited for the host;
+- ``host_reads``: ``aten::_local_scalar_dense`` (``.item()``, ``float()``, ``int()``, ``bool()`` of a
+  tensor) and ``aten::nonzero`` (boolean-mask indexing), each a wait for the device on CUDA;
+  ``syncs``: the CUDA runtime's synchronise calls (``cuda*Synchronize``); ``launches``: kernel launches;
+- ``ops``: time per name: device kernels on CUDA, aten ops' self CPU time on CPU (``--device cpu``, a
+  smoke run: there the whole step is host time);
+
+then the two paths' ``ops`` differences, largest first (``diff``): what labrl's step adds or saves.
+
+    python3 benchmarks/step_profile.py                       # on a GPU node: both shapes (~1 min)
+    .venv/bin/python benchmarks/step_profile.py --device cpu --shapes tiny --steps 1   # CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+from _results import RESULTS  # beside this script
+from gpu_learner import BIG_MODEL, QUICKSTART_MODEL, free_cuda, megatron_step, synthetic_batch
+from torch.autograd import DeviceType
+
+from labrl._warnings import quiet_expected_warnings
+from labrl.harness.learners import LearnerConfig, MegatronLearner
+
+SHAPES = {"tiny": (QUICKSTART_MODEL, 64, 200, 32), "big": (BIG_MODEL, 16, 2048, 2)}
+HOST_READS = ("aten::_local_scalar_dense", "aten::nonzero")
+
+
+def union_us(spans: Iterable[tuple[float, float]]) -> float:
+    """Total length of the union of ``(start, end)`` intervals (microseconds)."""
+    total, end = 0.0, float("-inf")
+    for lo, hi in sorted(spans):
+        if hi <= end:
+            continue
+        total += hi - max(lo, end)
+        end = hi
+    return total
+
+
+def summarise(events: Iterable, wall_s: float, steps: int, *, device: str) -> dict:
+    """Per-step figures of one profiled run (module docstring) from torch.profiler's ``FunctionEvent``s:
+    each has ``name``, ``device_type``, ``time_range`` (``start``, ``end`` in us) and ``self_cpu_time_total``."""
+    per_name: dict[str, float] = defaultdict(float)
+    spans = []
+    host_reads = syncs = launches = 0
+    for e in events:
+        on_device = e.device_type != DeviceType.CPU
+        if on_device:
+            spans.append((e.time_range.start, e.time_range.end))
+            if device != "cpu":
+                per_name[e.name] += e.time_range.elapsed_us()
+            continue
+        if e.name in HOST_READS:
+            host_reads += 1
+        elif e.name.startswith("cuda") and e.name.endswith("Synchronize"):
+            syncs += 1
+        elif e.name.startswith("cudaLaunchKernel"):
+            launches += 1
+        if device == "cpu" and e.name.startswith("aten::"):
+            per_name[e.name] += e.self_cpu_time_total
+    wall_ms = wall_s * 1e3 / steps
+    busy_ms = union_us(spans) / 1e3 / steps
+    ops = sorted(per_name.items(), key=lambda kv: -kv[1])
+    return {
+        "device": device,
+        "steps": steps,
+        "wall_ms": wall_ms,
+        "busy_ms": busy_ms,
+        # no device timeline on CPU: there the whole step is host time
+        "idle_frac": max(0.0, 1.0 - busy_ms / wall_ms) if device != "cpu" and wall_ms > 0 else None,
+        "host_reads": host_reads / steps,
+        "syncs": syncs / steps,
+        "launches": launches / steps,
+        "ops_ms": {name: us / 1e3 / steps for name, us in ops},  # every name: the diff reads them all
+        "ops_total_ms": sum(per_name.values()) / 1e3 / steps,
+    }
+
+
+def ops_diff(a: dict, b: dict, top: int = 15) -> list[dict]:
+    """Per op name, ``a``'s milliseconds per step minus ``b``'s, largest absolute difference first."""
+    names = set(a["ops_ms"]) | set(b["ops_ms"])
+    rows = [{"op": n, "a_ms": a["ops_ms"].get(n, 0.0), "b_ms": b["ops_ms"].get(n, 0.0)} for n in names]
+    for r in rows:
+        r["diff_ms"] = r["a_ms"] - r["b_ms"]
+    return sorted(rows, key=lambda r: -abs(r["diff_ms"]))[:top]
+
+
+def profile(step: Callable[[], object], steps: int, device: torch.device) -> dict:
+    """One warm-up step, then ``steps`` steps under the profiler, summarised per step."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    step()
+    sync()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch_profile(activities=activities) as prof:
+        started = time.perf_counter()
+        for _ in range(steps):
+            step()
+        sync()
+        wall = time.perf_counter() - started
+    return summarise(prof.events(), wall, steps, device=device.type)
+
+
+def labrl_step(cfg, B: int, T: int, mbs: int, device: torch.device) -> Callable[[], object]:
+    """labrl's ``train_step`` on ``gpu_learner``'s synthetic batch, bf16 with TorchGroupedMLP experts."""
+    learner = MegatronLearner(
+        LearnerConfig(
+            model=cfg,
+            micro_batch_size=mbs,
+            router_replay=False,
+            precision="bf16",
+            experts="grouped_mm",
+            device=str(device),
+        )
+    )
+    batch = synthetic_batch(cfg, B, T)
+    return lambda: learner.train_step(batch)
+
+
+def profile_shape(name: str, steps: int, device: torch.device, save: Callable[[dict], None]) -> dict:
+    """Both paths on one shape, the first freed before the second is built; ``save`` after each."""
+    cfg, B, T, mbs = SHAPES[name]
+    out: dict = {"shape": cfg.name, "B": B, "T": T, "micro_batch": mbs}
+    for key, build in (
+        ("labrl", lambda: labrl_step(cfg, B, T, mbs, device)),
+        (
+            "bare_fp32_master",
+            lambda: megatron_step(cfg, B, T, mbs, "grouped_mm", fp32_master=True, device=device)[0],
+        ),
+    ):
+        if device.type == "cuda":
+            free_cuda()
+        out[key] = profile(build(), steps, device)
+        save(out)
+    out["diff"] = ops_diff(out["labrl"], out["bare_fp32_master"])
+    save(out)
+    return out
+
+
+def print_shape(res: dict) -> None:
+    print(f"\n{res['shape']}: B={res['B']} T={res['T']} micro-batch {res['micro_batch']}")
+    print(
+        f"{'path':22} {'wall ms':>9} {'busy ms':>9} {'idle':>6} {'host reads':>11} {'syncs':>7} {'launches':>9}"
+    )
+    for key in ("labrl", "bare_fp32_master"):
+        r = res.get(key)
+        if r is None:
+            continue
+        idle = "-" if r["idle_frac"] is None else f"{r['idle_frac']:.0%}"
+        print(f"{key:22} {r['wall_ms']:9.1f} {r['busy_ms']:9.1f} {idle:>6} {r['host_reads']:11.0f} "
+              f"{r['syncs']:7.0f} {r['launches']:9.0f}")  # fmt: skip
+    if "diff" in res:
+        print(f"\n{'op (labrl - bare, ms per step)':70} {'labrl':>8} {'bare':>8} {'diff':>8}")
+        for r in res["diff"]:
+            print(f"{r['op'][:70]:70} {r['a_ms']:8.2f} {r['b_ms']:8.2f} {r['diff_ms']:+8.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (a smoke run)")
+    ap.add_argument("--shapes", default="big,tiny", help=f"which of {','.join(SHAPES)}")
+    ap.add_argument("--steps", type=int, default=2, help="profiled steps per path, after one warm-up")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    shapes = [s for s in args.shapes.split(",") if s]
+    if unknown := set(shapes) - set(SHAPES):
+        ap.error(f"--shapes: unknown {sorted(unknown)}; choose from {','.join(SHAPES)}")
+    if args.steps < 1:
+        ap.error("--steps must be at least 1")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("step_profile: no CUDA device here (--device cpu for the smoke run)")
+        return 0
+    quiet_expected_warnings()
+    out_path = args.out or RESULTS / f"step_profile_{device.type}.json"
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    result: dict = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "shapes": {},
+    }
+
+    def save(
+        partial: dict,
+    ) -> None:  # after every path: a run stopped at its time limit keeps what it measured
+        result["shapes"][partial["shape"]] = partial
+        out_path.write_text(json.dumps(result, indent=1))
+
+    for name in shapes:
+        print_shape(profile_shape(name, args.steps, device, save))
+    print(f"wrote {out_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,119 @@
+"""``benchmarks/step_profile.py``: the per-step figures it reads off a profile, and its CPU smoke run."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from torch.autograd import DeviceType
+
+BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
+
+
+def step_profile() -> ModuleType:
+    """The script as a module; benchmarks/ goes on ``sys.path`` (last): it imports its helpers beside it."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.append(str(BENCHMARKS))
+    return importlib.import_module("step_profile")
+
+
+@dataclass
+class Range:
+    start: float
+    end: float
+
+    def elapsed_us(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class Event:  # the fields of torch.profiler's FunctionEvent that summarise reads
+    name: str
+    device_type: DeviceType
+    time_range: Range
+    self_cpu_time_total: float = 0.0
+
+
+def kernel(name: str, start: float, end: float) -> Event:
+    return Event(name, DeviceType.CUDA, Range(start, end))
+
+
+def host(name: str, self_us: float = 0.0) -> Event:
+    return Event(name, DeviceType.CPU, Range(0.0, self_us), self_us)
+
+
+def test_union_of_intervals_counts_overlaps_once():
+    sp = step_profile()
+    assert sp.union_us([]) == 0.0
+    assert sp.union_us([(0, 10), (20, 30)]) == 20.0  # disjoint
+    assert sp.union_us([(0, 10), (5, 15)]) == 15.0  # overlapping
+    assert sp.union_us([(0, 30), (5, 10), (40, 50)]) == 40.0  # nested, then apart
+    assert sp.union_us([(20, 30), (0, 25)]) == 30.0  # order does not matter
+
+
+def test_cuda_summary_per_step():
+    sp = step_profile()
+    events = [
+        kernel("gemm", 0, 4_000),
+        kernel("gemm", 3_000, 6_000),  # overlaps the first: busy counts it once, the op total twice
+        kernel("softmax", 10_000, 12_000),
+        host("aten::_local_scalar_dense"),
+        host("aten::nonzero"),
+        host("aten::_local_scalar_dense"),
+        host("cudaStreamSynchronize"),
+        host("cudaDeviceSynchronize"),
+        host("cudaLaunchKernel"),
+        host("cudaLaunchKernelExC"),
+        host("aten::mm", 500.0),  # host op time is not the device's on CUDA
+    ]
+    s = sp.summarise(events, wall_s=0.020, steps=2, device="cuda")
+    assert s["wall_ms"] == pytest.approx(10.0)
+    assert s["busy_ms"] == pytest.approx(4.0)  # (6 + 2) ms of device time over 2 steps
+    assert s["idle_frac"] == pytest.approx(0.6)
+    assert (s["host_reads"], s["syncs"], s["launches"]) == (1.5, 1.0, 1.0)
+    assert s["ops_ms"] == pytest.approx({"gemm": 3.5, "softmax": 1.0})
+    assert list(s["ops_ms"]) == ["gemm", "softmax"]  # largest first
+
+
+def test_cpu_summary_times_aten_ops_and_has_no_idle_share():
+    sp = step_profile()
+    s = sp.summarise([host("aten::mm", 3_000.0), host("aten::add", 1_000.0), host("other", 9_000.0)],
+                     wall_s=0.005, steps=1, device="cpu")  # fmt: skip
+    assert s["ops_ms"] == pytest.approx({"aten::mm": 3.0, "aten::add": 1.0})
+    assert s["busy_ms"] == 0.0 and s["idle_frac"] is None
+
+
+def test_diff_orders_by_the_largest_difference_either_way():
+    sp = step_profile()
+    a = {"ops_ms": {"gemm": 10.0, "cat": 3.0, "fill": 1.0}}
+    b = {"ops_ms": {"gemm": 9.5, "fill": 6.0, "copy": 2.0}}
+    rows = sp.ops_diff(a, b, top=3)
+    assert [(r["op"], r["diff_ms"]) for r in rows] == [("fill", -5.0), ("cat", 3.0), ("copy", -2.0)]
+
+
+def test_the_cpu_smoke_run_profiles_both_paths(tmp_path):
+    out = tmp_path / "profile.json"
+    assert (
+        step_profile().main(["--device", "cpu", "--shapes", "tiny", "--steps", "1", "--out", str(out)]) == 0
+    )
+    result = json.loads(out.read_text())
+    shape = result["shapes"]["tiny-moe"]
+    labrl, bare = shape["labrl"], shape["bare_fp32_master"]
+    for r in (labrl, bare):
+        assert r["wall_ms"] > 0 and r["ops_total_ms"] > 0 and "aten::mm" in r["ops_ms"]
+    # labrl's step reads the batch's counts, metrics and the grad norm back; the bare step does less
+    assert labrl["host_reads"] > bare["host_reads"] > 0
+    assert shape["diff"] and all("diff_ms" in r for r in shape["diff"])
+
+
+def test_bad_arguments_are_refused():
+    sp = step_profile()
+    with pytest.raises(SystemExit):
+        sp.main(["--device", "cpu", "--shapes", "huge"])
+    with pytest.raises(SystemExit):
+        sp.main(["--device", "cpu", "--steps", "0"])
