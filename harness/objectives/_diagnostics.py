@@ -25,15 +25,22 @@ RATIO_QUANTILES = (0.01, 0.1, 0.5, 0.9, 0.99)
 STALENESS_BUCKETS = ((0, 0), (1, 1), (2, 3), (4, 7), (8, 15), (16, 31), (32, 63), (64, 127), (128, 255))
 
 
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
 def mismatch_kl(log_w_B_T: torch.Tensor, valid_B_T: torch.Tensor) -> dict[str, float]:
-    """Mean k1 / k2 / k3 of KL(mu || pi_old) over valid tokens (samples from mu, ``l = log w``)."""
+    """Mean k1 / k2 / k3 of KL(mu || pi_old) over valid tokens (samples from mu, ``l = log w``), one host read."""
     lw = log_w_B_T[valid_B_T].double()
     if lw.numel() == 0:
         return {}
     zero = lw.new_zeros(())  # log-prob of the sampling policy relative to itself
-    return {
-        f"mismatch/kl_{k}": float(kl_estimate(zero, lw, k, clamp=math.inf).mean()) for k in ("k1", "k2", "k3")
-    }
+    means = torch.stack([kl_estimate(zero, lw, k, clamp=math.inf).mean() for k in KL_ESTIMATORS]).tolist()
+    return {f"mismatch/kl_{k}": v for k, v in zip(KL_ESTIMATORS, means, strict=True)}
+
+
+def _log_ess(lw: torch.Tensor) -> torch.Tensor:
+    """``log((sum w)^2 / (n sum w^2))`` of the log-weights ``lw`` (1-D, non-empty), as a 0-d tensor."""
+    return 2 * torch.logsumexp(lw, 0) - math.log(lw.numel()) - torch.logsumexp(2 * lw, 0)
 
 
 def effective_sample_size(log_w_B_T: torch.Tensor, valid_B_T: torch.Tensor) -> float | None:
@@ -41,37 +48,49 @@ def effective_sample_size(log_w_B_T: torch.Tensor, valid_B_T: torch.Tensor) -> f
     lw = log_w_B_T[valid_B_T].double()
     if lw.numel() == 0:
         return None
-    log_ess = 2 * torch.logsumexp(lw, 0) - math.log(lw.numel()) - torch.logsumexp(2 * lw, 0)
-    return float(torch.exp(log_ess).item())
+    return float(torch.exp(_log_ess(lw)).item())
+
+
+def _order_statistics(n: int, qs: tuple[float, ...]) -> tuple[list[int], list[float]]:
+    """For each quantile ``q`` of ``n`` sorted values: the lower order statistic's index and the
+    interpolation weight toward the next, ``q (n - 1) = lo + frac``."""
+    positions = [q * (n - 1) for q in qs]
+    lows = [math.floor(pos) for pos in positions]
+    return lows, [pos - lo for pos, lo in zip(positions, lows, strict=True)]
+
+
+def _interpolate(fracs: list[float], at_lo: list[float], at_hi: list[float]) -> list[float]:
+    return [a + (b - a) * f for a, b, f in zip(at_lo, at_hi, fracs, strict=True)]
+
+
+def _quantile_gather(sorted_values: torch.Tensor, lows: list[int]) -> torch.Tensor:
+    """The order statistics at ``lows`` and at the index after each (capped at the last), concatenated."""
+    n = sorted_values.numel()
+    index = torch.tensor(lows + [min(lo + 1, n - 1) for lo in lows], device=sorted_values.device)
+    return sorted_values[index]
 
 
 def quantiles(values: torch.Tensor, qs: tuple[float, ...] = RATIO_QUANTILES) -> list[float]:
-    """Linear-interpolated quantiles of a 1-D tensor (sort based: no size limit, unlike torch.quantile)."""
-    v = values.sort().values
-    n = v.numel()
-    out = []
-    for q in qs:
-        pos = q * (n - 1)
-        lo = math.floor(pos)
-        hi = min(lo + 1, n - 1)
-        a, b = float(v[lo]), float(v[hi])
-        out.append(a + (b - a) * (pos - lo))
-    return out
+    """Linear-interpolated quantiles of a 1-D tensor (sort based: no size limit, unlike torch.quantile),
+    read in one host copy."""
+    lows, fracs = _order_statistics(values.numel(), qs)
+    got = _quantile_gather(values.sort().values, lows).tolist()
+    return _interpolate(fracs, got[: len(qs)], got[len(qs) :])
 
 
 def ratio_stats(log_w_B_T: torch.Tensor, valid_B_T: torch.Tensor) -> dict[str, float]:
-    """Behaviour-ratio quantiles, min, max and ESS over valid tokens."""
-    lw = log_w_B_T[valid_B_T]
+    """Behaviour-ratio quantiles, min, max, mean and ESS over valid tokens, in one host read."""
+    lw = log_w_B_T[valid_B_T].double()
     if lw.numel() == 0:
         return {}
-    w = torch.exp(lw.double())
-    out = {f"ratio/q{round(q * 100):02d}": val for q, val in zip(RATIO_QUANTILES, quantiles(w), strict=True)}
-    out["ratio/min"] = float(w.min())
-    out["ratio/max"] = float(w.max())
-    out["ratio/mean"] = float(w.mean())
-    ess = effective_sample_size(log_w_B_T, valid_B_T)
-    if ess is not None:
-        out["mismatch/ess"] = ess
+    w = torch.exp(lw)
+    lows, fracs = _order_statistics(w.numel(), RATIO_QUANTILES)
+    summary = torch.stack([w.min(), w.max(), w.mean(), torch.exp(_log_ess(lw))])
+    got = torch.cat([_quantile_gather(w.sort().values, lows), summary]).tolist()
+    k = len(RATIO_QUANTILES)
+    qs = _interpolate(fracs, got[:k], got[k : 2 * k])
+    out = {f"ratio/q{round(q * 100):02d}": val for q, val in zip(RATIO_QUANTILES, qs, strict=True)}
+    out["ratio/min"], out["ratio/max"], out["ratio/mean"], out["mismatch/ess"] = got[2 * k :]
     return out
 
 
@@ -87,12 +106,16 @@ def staleness_stats(
     n = s.numel()
     if n == 0:
         return {}
-    out = {"staleness/mean": float(s.double().mean()), "staleness/max": float(s.max())}
     # bucket b holds staleness in [edges[b-1], edges[b]); the last bucket is open-ended
     edges = torch.tensor([hi + 1 for _, hi in STALENESS_BUCKETS], device=s.device)
     counts = torch.bincount(torch.bucketize(s, edges, right=True), minlength=len(STALENESS_BUCKETS) + 1)
-    for (lo, hi), c in zip(STALENESS_BUCKETS, counts.tolist(), strict=False):
+    # one host read: mean, max, then the bucket counts
+    mean, top, *bucket_counts = torch.cat(
+        [torch.stack([s.double().mean(), s.max().double()]), counts.double()]
+    ).tolist()
+    out = {"staleness/mean": mean, "staleness/max": top}
+    for (lo, hi), c in zip(STALENESS_BUCKETS, bucket_counts, strict=False):
         out[_bucket_name(lo, hi)] = c / n
     last = STALENESS_BUCKETS[-1][1] + 1
-    out[f"staleness/frac_{last}_plus"] = counts[-1].item() / n
+    out[f"staleness/frac_{last}_plus"] = bucket_counts[-1] / n
     return out

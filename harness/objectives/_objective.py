@@ -143,26 +143,34 @@ class ObjectiveInputs:
                 raise ConfigError(f"{name} must be a float tensor, got {given.dtype}")
         if not self.rewards_B.is_floating_point():
             raise ConfigError(f"rewards_B must be a float tensor, got {self.rewards_B.dtype}")
-        if not torch.isfinite(self.rewards_B).all():
-            raise ConfigError(
-                "rewards_B has non-finite values: untrainable episodes must be dropped before the objective"
-            )
         for name, t in (("versions_B_T", self.versions_B_T), ("group_ids_B", self.group_ids_B)):
             if t.is_floating_point() or t.dtype == torch.bool:
                 raise ConfigError(f"{name} must be an integer tensor, got {t.dtype}")
-        v = self.versions_B_T[mask]
-        if v.numel() and int(v.min()) < 0:
+        # the value checks in one host read (each read waits for the device)
+        versions = self.versions_B_T.to(torch.int64)
+        nonfinite_rewards, negative, newest, bad_old = torch.stack(
+            [
+                (~torch.isfinite(self.rewards_B)).sum(),
+                (mask & (versions < 0)).sum(),
+                versions.masked_fill(~mask, -1).amax() if mask.numel() else versions.new_tensor(-1),
+                (mask & ~torch.isfinite(self.old_logprobs_B_T)).sum(),
+            ]
+        ).tolist()
+        if nonfinite_rewards:
+            raise ConfigError(
+                "rewards_B has non-finite values: untrainable episodes must be dropped before the objective"
+            )
+        if negative:
             raise ConfigError(
                 "versions_B_T has a negative version on a loss-mask token: the sampler must tag every generated token"
             )
-        if v.numel() and int(v.max()) > self.learner_version:
+        if newest > self.learner_version:
             raise ConfigError(
-                f"versions_B_T has version {int(v.max())} newer than learner_version {self.learner_version}"
+                f"versions_B_T has version {newest} newer than learner_version {self.learner_version}"
             )
-        bad_old = mask & ~torch.isfinite(self.old_logprobs_B_T)
-        if bad_old.any():
+        if bad_old:
             raise LearnerError(
-                f"old_logprobs_B_T has {int(bad_old.sum())} non-finite values on loss-mask tokens: the learner forward is broken"
+                f"old_logprobs_B_T has {bad_old} non-finite values on loss-mask tokens: the learner forward is broken"
             )
 
 
@@ -350,7 +358,9 @@ def rows_context(cfg: ObjectiveConfig, inputs: ObjectiveInputs) -> RowsContext:
             f"corrections {', '.join(whole)} read the whole batch's proximal log-probs: use prepare"
         )
     valid = _valid_tokens(inputs)
-    adv_B, _ = compute_advantages(cfg.advantages, inputs.rewards_B, inputs.group_ids_B, cfg.advantage_eps)
+    adv_B, _ = compute_advantages(
+        cfg.advantages, inputs.rewards_B, inputs.group_ids_B, cfg.advantage_eps, metrics=False
+    )
     return RowsContext(valid, *valid_counts(valid), adv_B)
 
 
