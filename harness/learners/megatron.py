@@ -251,13 +251,13 @@ class MegatronLearner:
         self.scheduler.step()
         self.step += 1
         self._version += 1
-        valid_versions = batch.versions_B_T[prepared.valid_B_T]
         self.policy_versions = {"proximal": proximal_version, "published": self._version}
-        if valid_versions.numel():
-            self.policy_versions |= {
-                "behaviour_min": int(valid_versions.min()),
-                "behaviour_max": int(valid_versions.max()),
-            }
+        if prepared.num_valid_tokens:  # the oldest and newest behaviour versions, in one host read
+            versions, valid = batch.versions_B_T.to(torch.int64), prepared.valid_B_T
+            lo, hi = torch.stack(
+                [versions.masked_fill(~valid, 2**62).amin(), versions.masked_fill(~valid, -1).amax()]
+            ).tolist()
+            self.policy_versions |= {"behaviour_min": lo, "behaviour_max": hi}
         elapsed = time.perf_counter() - started
         out = dict(prepared.metrics)
         # Per-step metrics (losses, clip fractions, grad norm) are averaged over the batch's optimizer steps.

@@ -25,9 +25,10 @@ from labrl.errors import ConfigError
 def valid_counts(valid_B_T: torch.Tensor) -> tuple[int, int]:
     """``(N_tok, N_seq)`` of a valid-token mask: its valid tokens and the rows holding any.
 
-    Two host reads: call it once per batch (or mini-batch) and pass the counts on,
+    A host read: call it once per batch (or mini-batch) and pass the counts on,
     never per micro-batch, where each read would wait for the device."""
-    return int(valid_B_T.sum()), int(valid_B_T.any(dim=1).sum())
+    n_tok, n_seq = torch.stack([valid_B_T.sum(), valid_B_T.any(dim=1).sum()]).tolist()
+    return n_tok, n_seq
 
 
 def global_denominator(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -154,3 +155,16 @@ def test_checkpoint_records_the_policy_versions(h, tmp_path):
     resumed.load_checkpoint(path)
     assert resumed.policy_versions == learner.policy_versions
     assert (resumed.version, resumed.optimizer_steps) == (2, 4)
+
+
+def test_policy_versions_span_the_behaviour_versions_of_trained_tokens_only(h):
+    learner = MegatronLearner(LearnerConfig(micro_batch_size=4, optimizer=OptimizerConfig(lr=1e-3)))
+    for seed in (1, 2, 3):  # version 3: the batch below may carry versions 1-3
+        learner.train_step(h.sampled_batch(h.make_sampler(learner, "fp32"), n=4, max_new=6, seed=seed))
+    batch = h.sampled_batch(h.make_sampler(learner, "fp32"), n=4, max_new=6, seed=4)
+    mask = batch.loss_mask_B_T
+    versions = torch.where(mask, 2 + (torch.arange(mask.shape[0])[:, None] % 2), 0)  # rows alternate 2, 3
+    versions[0, mask[0].nonzero()[0, 0]] = 1  # the oldest trained token
+    versions[~mask] = 7  # prompt and padding: not trained, so not counted (newer than the learner, even)
+    learner.train_step(dataclasses.replace(batch, versions_B_T=versions))
+    assert learner.policy_versions == {"proximal": 3, "published": 4, "behaviour_min": 1, "behaviour_max": 3}
