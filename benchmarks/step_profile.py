@@ -11,8 +11,10 @@ step this reports:
 - ``busy_ms``: the union of the device's intervals (kernels, copies, fills); ``idle_frac`` =
   1 - busy / wall, the share of the step the device waited for the host;
 - ``host_reads``: ``aten::_local_scalar_dense`` (``.item()``, ``float()``, ``int()``, ``bool()`` of a
-  tensor) and ``aten::nonzero`` (boolean-mask indexing), each a wait for the device on CUDA;
-  ``syncs``: the CUDA runtime's synchronise calls (``cuda*Synchronize``); ``launches``: kernel launches;
+  tensor) and ``aten::nonzero`` (boolean-mask indexing), each a wait for the device on CUDA (a
+  ``.tolist()`` is not among them: on CUDA it shows as a copy and a synchronise);
+  ``syncs``: the CUDA runtime's synchronise calls (``cuda*Synchronize``), every wait on CUDA;
+  ``launches``: kernel launches;
 - ``ops``: time per name: device kernels on CUDA, aten ops' self CPU time on CPU (``--device cpu``, a
   smoke run: there the whole step is host time);
 
