@@ -253,10 +253,7 @@ class MegatronLearner:
         self._version += 1
         self.policy_versions = {"proximal": proximal_version, "published": self._version}
         if prepared.num_valid_tokens:  # the oldest and newest behaviour versions, in one host read
-            versions, valid = batch.versions_B_T.to(torch.int64), prepared.valid_B_T
-            lo, hi = torch.stack(
-                [versions.masked_fill(~valid, 2**62).amin(), versions.masked_fill(~valid, -1).amax()]
-            ).tolist()
+            lo, hi = objectives.version_span(batch.versions_B_T, prepared.valid_B_T).tolist()
             self.policy_versions |= {"behaviour_min": lo, "behaviour_max": hi}
         elapsed = time.perf_counter() - started
         out = dict(prepared.metrics)

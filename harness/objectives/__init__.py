@@ -30,7 +30,14 @@ from ._corrections import (
     token_mask,
     veto_mask,
 )
-from ._diagnostics import effective_sample_size, mismatch_kl, quantiles, ratio_stats, staleness_stats
+from ._diagnostics import (
+    effective_sample_size,
+    mismatch_kl,
+    quantiles,
+    ratio_stats,
+    staleness_stats,
+    version_span,
+)
 from ._kl import kl_estimate
 from ._losses import (
     TokenLoss,
@@ -107,6 +114,7 @@ __all__ = [
     "tis_token_weights",
     "token_mask",
     "valid_counts",
+    "version_span",
     "veto_mask",
     "whiten_advantages",
     "whole_batch_terms",

@@ -78,7 +78,7 @@ from ._corrections import (
     token_mask,
     veto_mask,
 )
-from ._diagnostics import mismatch_kl, ratio_stats, staleness_stats
+from ._diagnostics import mismatch_kl, ratio_stats, staleness_stats, version_span
 from ._kl import kl_estimate
 from ._losses import TokenLoss, cispo_loss, gspo_loss, ppo_loss, reinforce_loss, sapo_loss
 
@@ -147,20 +147,17 @@ class ObjectiveInputs:
             if t.is_floating_point() or t.dtype == torch.bool:
                 raise ConfigError(f"{name} must be an integer tensor, got {t.dtype}")
         # the value checks in one host read (each read waits for the device)
-        versions = self.versions_B_T.to(torch.int64)
-        nonfinite_rewards, negative, newest, bad_old = torch.stack(
-            [
-                (~torch.isfinite(self.rewards_B)).sum(),
-                (mask & (versions < 0)).sum(),
-                versions.masked_fill(~mask, -1).amax() if mask.numel() else versions.new_tensor(-1),
-                (mask & ~torch.isfinite(self.old_logprobs_B_T)).sum(),
-            ]
+        counts = torch.stack(
+            [(~torch.isfinite(self.rewards_B)).sum(), (mask & ~torch.isfinite(self.old_logprobs_B_T)).sum()]
+        )
+        nonfinite_rewards, bad_old, oldest, newest = torch.cat(
+            [counts, version_span(self.versions_B_T, mask)]
         ).tolist()
         if nonfinite_rewards:
             raise ConfigError(
                 "rewards_B has non-finite values: untrainable episodes must be dropped before the objective"
             )
-        if negative:
+        if oldest < 0:
             raise ConfigError(
                 "versions_B_T has a negative version on a loss-mask token: the sampler must tag every generated token"
             )
