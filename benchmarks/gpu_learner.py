@@ -25,7 +25,8 @@ MoE and a 64-expert top-8 MoE, 4 layers, hidden 2048, expert FFN 1024, vocab
 ``labrl`` rows run in bf16 like the others. ``vs_same_experts`` is labrl over
 bare megatron-core with the same experts module.
 
-Per row: tokens/s, model TFLOP/s and MFU against the device's dense bf16 peak
+Per row: tokens/s (the median of ``--repeats`` timed windows of at least 0.25 s each, with their
+spread: ``benchmarks/_timing.py``), model TFLOP/s and MFU against the device's dense bf16 peak
 (FLOPs per token = 6 * active matmul parameters + 6 * layers * hidden * T for
 causal attention, the same count for every path; ``labrl``'s default objective
 takes the old log-probs from the loss forward, so it runs no extra forward:
@@ -64,6 +65,7 @@ from pathlib import Path
 
 import torch
 from _results import RESULTS  # beside this script
+from _timing import Timing, windowed  # beside this script
 from attention_sdpa import core_attention_rows, print_rows  # beside this script
 
 from labrl._warnings import quiet_expected_warnings
@@ -152,19 +154,15 @@ def free_cuda() -> None:
     torch.cuda.reset_peak_memory_stats()
 
 
-def cuda_timed(fn, repeats: int) -> float:
-    fn()  # warm-up (kernel selection, allocator)
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - started) / repeats
+def cuda_timed(fn, windows: int) -> Timing:
+    """``fn``'s seconds per call on CUDA: the median of ``windows`` timed windows (``_timing.windowed``)."""
+    return windowed(fn, torch.cuda.synchronize, windows=windows)
 
 
-def row(name: str, cfg: MoEModelConfig, tokens: int, seconds: float, T: int, peak: float | None) -> dict:
+def row(name: str, cfg: MoEModelConfig, tokens: int, timing: Timing, T: int, peak: float | None) -> dict:
+    seconds = timing.seconds
     tflops = train_flops_per_token(cfg, T) * tokens / seconds / 1e12
-    return {
+    return timing.as_row() | {
         "path": name,
         "tokens_per_s": tokens / seconds,
         "model_tflops": tflops,
@@ -176,8 +174,8 @@ def row(name: str, cfg: MoEModelConfig, tokens: int, seconds: float, T: int, pea
 EXPERTS = {"sequential": "SequentialMLP", "grouped_mm": "TorchGroupedMLP"}
 
 
-def timed_train_step(config: LearnerConfig, batch, repeats: int) -> tuple[float, MegatronLearner]:
-    """Seconds per ``train_step`` of a fresh learner on ``batch``, and the learner (for its spec)."""
+def timed_train_step(config: LearnerConfig, batch, repeats: int) -> tuple[Timing, MegatronLearner]:
+    """``train_step``'s timing for a fresh learner on ``batch``, and the learner (for its spec)."""
     learner = MegatronLearner(config)
     return cuda_timed(lambda: learner.train_step(batch), repeats), learner
 
@@ -188,15 +186,15 @@ def bench_labrl(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, pea
         model=cfg, micro_batch_size=mbs, router_replay=False, precision="bf16", experts=experts
     )
     batch = synthetic_batch(cfg, B, T)
-    seconds, learner = timed_train_step(config, batch, repeats)
-    out = row(f"labrl MegatronLearner.train_step, {EXPERTS[experts]}", cfg, B * T, seconds, T, peak)
+    timing, learner = timed_train_step(config, batch, repeats)
+    out = row(f"labrl MegatronLearner.train_step, {EXPERTS[experts]}", cfg, B * T, timing, T, peak)
     out["spec"] = learner.spec.name
     out["experts"] = learner.spec.experts.name
     del learner
     free_cuda()  # the first learner is gone before the second is built
     before, _ = timed_train_step(config.model_copy(update={"proximal_forward": "separate"}), batch, repeats)
-    out["separate_proximal_forward_tokens_per_s"] = B * T / before
-    out["vs_separate_proximal_forward"] = before / seconds
+    out["separate_proximal_forward_tokens_per_s"] = B * T / before.seconds
+    out["vs_separate_proximal_forward"] = before.seconds / timing.seconds
     return out
 
 
@@ -262,13 +260,13 @@ def bench_megatron(
 ) -> dict:
     free_cuda()
     step, model = megatron_step(cfg, B, T, mbs, experts, attention, fp32_master)
-    seconds = cuda_timed(step, repeats)
+    timing = cuda_timed(step, repeats)
     name = (
         f"bare megatron-core, {EXPERTS[experts]}"
         + (", unfused attention" if attention == "unfused" else "")
         + (", fp32 master" if fp32_master else "")
     )
-    out = row(name, cfg, B * T, seconds, T, peak)
+    out = row(name, cfg, B * T, timing, T, peak)
     out["experts"] = EXPERTS[experts]
     out["fp32_master"] = fp32_master
     out["attention"] = type(model.decoder.layers[0].self_attention.core_attention).__name__
@@ -319,8 +317,8 @@ def bench_hf(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, peak) 
             model(input_ids=chunk, labels=chunk).loss.backward()
         opt.step()
 
-    seconds = cuda_timed(step, repeats)
-    out = row(f"HF Qwen3MoeForCausalLM ({implementation})", cfg, B * T, seconds, T, peak)
+    timing = cuda_timed(step, repeats)
+    out = row(f"HF Qwen3MoeForCausalLM ({implementation})", cfg, B * T, timing, T, peak)
     return out
 
 
@@ -639,7 +637,12 @@ def main() -> None:
     ap.add_argument("--timed", action="store_true", help="CPU part: also time learner steps padded vs sorted")
     ap.add_argument("--episodes", type=int, default=64)
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="GPU learner rows: timed windows, their median (benchmarks/_timing.py); elsewhere repetitions",
+    )
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument(
         "--sampler-cpu", action="store_true", help="both sampler engines on the tiny model, on the CPU"
@@ -716,7 +719,8 @@ def learner_row_line(r: dict) -> str:
     same = f"  same experts x{r['vs_same_experts']:.2f}" if "vs_same_experts" in r else ""
     if "vs_same_precision" in r:
         same += f"  same precision x{r['vs_same_precision']:.2f}"
-    return (f"{r['path']:55} {r['tokens_per_s']:>10.0f} tok/s {r['model_tflops']:>7.1f} TFLOP/s "
+    spread = f" (spread {r['spread']:.0%})" if "spread" in r else ""
+    return (f"{r['path']:55} {r['tokens_per_s']:>10.0f} tok/s{spread} {r['model_tflops']:>7.1f} TFLOP/s "
             f"MFU {mfu:>6} peak {r['peak_mem_gib']:.1f} GiB  x{r.get('vs_bare_megatron', 0):.2f}{same}")  # fmt: skip
 
 

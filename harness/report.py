@@ -158,6 +158,25 @@ def collapse_line(evals: list[dict]) -> str | None:
     )
 
 
+TARGET_ACCURACY = 0.9  # the quickstart's goal, and the GPU config's (docs/gpu.md)
+
+
+def time_to_accuracy(evals: list[dict], target: float = TARGET_ACCURACY) -> str | None:
+    """When held-out accuracy first reached ``target``: step and minutes of training (monotone across
+    resumes), or the best evaluation if it never did; None without evaluations."""
+    if not evals:
+        return None
+    minutes = [t / 60 for t in monotone_time([float(e.get("time_s") or 0.0) for e in evals])]
+    for e, m in zip(evals, minutes, strict=True):
+        if e["accuracy"] >= target:
+            return f"held-out accuracy >= {target:g} first at step {e['step']}, {m:.1f} min of training"
+    best = max(range(len(evals)), key=lambda i: evals[i]["accuracy"])
+    return (
+        f"held-out accuracy never >= {target:g}: best {evals[best]['accuracy']:.3f} at step "
+        f"{evals[best]['step']}, {minutes[best]:.1f} min of training"
+    )
+
+
 def summarise(rows: list[dict], evals: list[dict]) -> str:
     if not rows:
         return "no learner steps recorded"
@@ -189,6 +208,8 @@ def summarise(rows: list[dict], evals: list[dict]) -> str:
             + ", ".join(f"step {e['step']}: {e['accuracy']:.3f}" for e in evals[:: max(1, len(evals) // 8)])
             + (f", final step {evals[-1]['step']}: {evals[-1]['accuracy']:.3f}" if len(evals) > 1 else "")
         )
+    if (reached := time_to_accuracy(evals)) is not None:
+        lines.append(reached)
     collapse = collapse_line(evals)
     if collapse is not None:
         lines.append(collapse)

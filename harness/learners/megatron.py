@@ -2,8 +2,10 @@
 
 One ``train_step(batch)``::
 
+    terms     = objectives.batch_terms(cfg, batch)  # on the host copy, before the upload: valid mask,
+                                                  # advantages, their diagnostics (no launch, no device wait)
     old_B_T   = logprobs(model, batch)            # proximal policy: no grad, once, before any update
-    prepared  = objectives.prepare(cfg, inputs)   # advantages, IS weights/masks, denominator
+    prepared  = objectives.prepare(cfg, inputs, terms)  # IS weights/masks, denominator, mismatch diagnostics
     for epoch in range(epochs):                   # learner.epochs (default 1)
         for mb in split(rows, minibatches):       # learner.minibatches (default 1: the whole batch)
             for rows in micro-batches of mb:
@@ -30,8 +32,9 @@ what makes the objective's clip act (decoupled PPO, see
 are shuffled per epoch (seeded by the learner seed, batch and epoch).
 
 Non-finite values: if the proximal log-probs are non-finite on a loss-mask
-token the whole batch is skipped (without the separate forward: when the
-micro-batch that has them runs, dropping the gradients accumulated so far);
+token the whole batch is skipped (without the separate forward: counted once
+the last micro-batch's forward has filled them in, read with the step's other
+checks after its backward, and the accumulated gradients dropped);
 if a step's loss or gradient norm is non-finite that optimizer step is
 skipped (gradients dropped, weights and optimizer state untouched). Skips
 are counted in ``learner/skipped_steps`` and logged;
@@ -120,12 +123,15 @@ def _tally(checks: dict[str, torch.Tensor], what: str, offending: torch.Tensor) 
     checks[what] = checks[what] + count if what in checks else count
 
 
-def _first_failure(checks: dict[str, torch.Tensor]) -> str | None:
-    """The first check whose count is not 0, as ``"<count> <what>"``; every count read in one host copy."""
+def _failures(checks: dict[str, torch.Tensor]) -> str | None:
+    """Every check whose count is not 0, as ``"<count> <what>"`` joined by ``"; "`` (the proximal
+    log-probs' first: a cause, where a non-finite loss may be its effect), None if none; every count
+    read in one host copy."""
     if not checks:
         return None
-    counts = torch.stack(list(checks.values())).tolist()
-    return next((f"{int(n)} {what}" for what, n in zip(checks, counts, strict=True) if n), None)
+    counts = dict(zip(checks, torch.stack(list(checks.values())).tolist(), strict=True))
+    order = sorted(counts, key=lambda what: what != NONFINITE_PROXIMAL)
+    return "; ".join(f"{int(counts[what])} {what}" for what in order if counts[what]) or None
 
 
 class MegatronLearner:
@@ -225,7 +231,13 @@ class MegatronLearner:
         order, spans = micro_batches(
             batch.attention_mask_B_T, cfg.micro_batch_size, sort_by_length=cfg.length_sorted_micro_batches
         )
+        # what the objective computes from the batch alone, on the host copy: no launch, no device wait
+        terms = objectives.batch_terms(
+            cfg.objective, objectives.BatchInputs.from_train_batch(batch, self._version)
+        )
+        behaviour_span = objectives.version_span(batch.versions_B_T, terms.valid_B_T).tolist()
         batch = to_device(batch, self.device)
+        terms = terms.to(self.device)
         order_dev = torch.tensor(order, dtype=torch.long, device=self.device)
         plan = [(order_dev[start:stop], T) for start, stop, T in spans]
         if self.master is not None and not self._masters_synced:
@@ -242,9 +254,9 @@ class MegatronLearner:
         )
         proximal_version = self._version
         if proximal.separate:
-            prepared, step_metrics, skipped = self._steps_after_proximal_forward(batch, replay, plan)
+            prepared, step_metrics, skipped = self._steps_after_proximal_forward(batch, terms, replay, plan)
         else:
-            prepared, step_metrics, skipped = self._step_on_loss_forward(batch, replay, plan)
+            prepared, step_metrics, skipped = self._step_on_loss_forward(batch, terms, replay, plan)
         if prepared is None or not step_metrics:
             return self._skip_metrics(started, skipped=skipped)
         lr = self.scheduler.get_last_lr()[0]
@@ -252,8 +264,8 @@ class MegatronLearner:
         self.step += 1
         self._version += 1
         self.policy_versions = {"proximal": proximal_version, "published": self._version}
-        if prepared.num_valid_tokens:  # the oldest and newest behaviour versions, in one host read
-            lo, hi = objectives.version_span(batch.versions_B_T, prepared.valid_B_T).tolist()
+        if prepared.num_valid_tokens:  # the oldest and newest behaviour versions (of the host copy)
+            lo, hi = behaviour_span
             self.policy_versions |= {"behaviour_min": lo, "behaviour_max": hi}
         elapsed = time.perf_counter() - started
         out = dict(prepared.metrics)
@@ -277,7 +289,11 @@ class MegatronLearner:
         return out
 
     def _steps_after_proximal_forward(
-        self, batch: TrainBatch, replay: torch.Tensor | None, plan: list[tuple[torch.Tensor, int]]
+        self,
+        batch: TrainBatch,
+        terms: objectives.BatchTerms,
+        replay: torch.Tensor | None,
+        plan: list[tuple[torch.Tensor, int]],
     ) -> tuple[objectives.PreparedBatch | None, list[dict[str, float]], int]:
         """A no-grad forward over the batch for ``pi_prox`` (and the reference), then every optimizer step.
 
@@ -294,7 +310,7 @@ class MegatronLearner:
             self._record_skip(f"{bad} {NONFINITE_PROXIMAL}: batch skipped")
             return None, [], 1
         inputs = objectives.ObjectiveInputs.from_train_batch(batch, old_B_T, self._version, ref_B_T)
-        prepared = objectives.prepare(cfg.objective, inputs)
+        prepared = objectives.prepare(cfg.objective, inputs, terms)
         step_metrics: list[dict[str, float]] = []
         skipped = 0
         for rows in self._minibatch_rows(batch.batch_size):
@@ -318,7 +334,11 @@ class MegatronLearner:
         return prepared, step_metrics, skipped
 
     def _step_on_loss_forward(
-        self, batch: TrainBatch, replay: torch.Tensor | None, plan: list[tuple[torch.Tensor, int]]
+        self,
+        batch: TrainBatch,
+        terms: objectives.BatchTerms,
+        replay: torch.Tensor | None,
+        plan: list[tuple[torch.Tensor, int]],
     ) -> tuple[objectives.PreparedBatch | None, list[dict[str, float]], int]:
         """The batch's one optimizer step, each micro-batch's ``pi_prox`` its own loss forward, detached.
 
@@ -336,38 +356,41 @@ class MegatronLearner:
         old_B_T = torch.zeros(batch.tokens_B_T.shape, dtype=torch.float32, device=self.device)
         ref_B_T = torch.zeros_like(old_B_T) if self.reference_model is not None else None
         inputs = objectives.ObjectiveInputs.from_train_batch(batch, old_B_T, self._version, ref_B_T)
-        # several micro-batches: the batch's share of prepare_rows once, and the proximal log-probs'
-        # check counted on the device and read after the last backward with the step's other checks
-        context = objectives.rows_context(cfg.objective, inputs) if len(plan) > 1 else None
+        # several micro-batches: the proximal log-probs' check counted on the device once the last
+        # micro-batch has filled them in, and read after its backward with the step's other checks
+        several = len(plan) > 1
         checks: dict[str, torch.Tensor] = {}
+        filled = 0  # micro-batches whose pi_prox is in old_B_T
 
         def from_loss_forward(
             pos: torch.Tensor, T: int, logp: torch.Tensor
         ) -> objectives.PreparedBatch | None:
+            nonlocal filled
             old_B_T[pos, :T] = logp.detach()
-            nonfinite = batch.loss_mask_B_T[pos, :T] & ~torch.isfinite(old_B_T[pos, :T])
-            if context is None:  # one micro-batch: prepare validates every row, so check before it
+            filled += 1
+            if not several:  # one micro-batch: prepare validates every row, so check before it
+                nonfinite = batch.loss_mask_B_T[pos, :T] & ~torch.isfinite(old_B_T[pos, :T])
                 if bad := int(nonfinite.sum()):
                     self._record_skip(f"{bad} {NONFINITE_PROXIMAL}: batch skipped")
                     return None
-            else:
-                _tally(checks, NONFINITE_PROXIMAL, nonfinite)
+            elif filled == len(plan):  # every row's pi_prox is in (columns past T_mb stay 0: finite)
+                _tally(checks, NONFINITE_PROXIMAL, batch.loss_mask_B_T & ~torch.isfinite(old_B_T))
             if ref_B_T is not None:
                 routed = None if replay is None else replay[pos, :T]
                 with torch.no_grad():
                     ref_B_T[pos, :T] = self._logprobs_with_grad(
                         batch.tokens_B_T[pos, :T], routed, model=self.reference_model
                     )
-            if context is None:  # every row's pi_prox is known: whole-batch terms (M2PO) included
-                whole.append(objectives.prepare(cfg.objective, inputs))
+            if not several:  # every row's pi_prox is known: whole-batch terms (M2PO) included
+                whole.append(objectives.prepare(cfg.objective, inputs, terms))
                 return whole[0].select(pos)
-            return objectives.prepare_rows(cfg.objective, inputs, pos, context)
+            return objectives.prepare_rows(cfg.objective, inputs, pos, terms)
 
         whole: list[objectives.PreparedBatch] = []
         metrics = self._optimizer_step(batch, replay, from_loss_forward, plan, checks=checks)
         if metrics is None:
             return None, [], 1
-        return (whole[0] if whole else objectives.prepare(cfg.objective, inputs)), [metrics], 0
+        return (whole[0] if whole else objectives.prepare(cfg.objective, inputs, terms)), [metrics], 0
 
     def _minibatch_rows(self, batch_size: int) -> list[torch.Tensor | None]:
         """Row indices of every optimizer step of the batch (None = the whole batch, in order).
@@ -434,7 +457,7 @@ class MegatronLearner:
             if self.master is not None:
                 self.master.accumulate_grads()
             micro_metrics.append(metrics)
-        if failed := _first_failure(checks):
+        if failed := _failures(checks):
             self._drop_gradients()
             self._record_skip(f"{failed} at step {self.step}: optimizer step skipped")
             return None

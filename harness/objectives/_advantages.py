@@ -51,8 +51,8 @@ def group_stats(rewards_B: torch.Tensor, group_ids_B: torch.Tensor) -> GroupStat
     groups, inverse_B = torch.unique(group_ids_B, return_inverse=True)
     num_groups = groups.numel()  # the unique ids' count: no read of a device value
 
-    def filled_G(value: float) -> torch.Tensor:
-        return torch.full((num_groups,), value, dtype=torch.float64, device=rewards.device)
+    def filled_G(value: float) -> torch.Tensor:  # float64 on the rewards' device, like `rewards`
+        return rewards.new_full((num_groups,), value)
 
     size_G = filled_G(0.0).scatter_add_(0, inverse_B, torch.ones_like(rewards))
     sum_G = filled_G(0.0).scatter_add_(0, inverse_B, rewards)

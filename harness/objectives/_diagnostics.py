@@ -123,7 +123,7 @@ def staleness_stats(
     if n == 0:
         return {}
     # bucket b holds staleness in [edges[b-1], edges[b]); the last bucket is open-ended
-    edges = torch.tensor([hi + 1 for _, hi in STALENESS_BUCKETS], device=s.device)
+    edges = s.new_tensor([hi + 1 for _, hi in STALENESS_BUCKETS])  # int64 on the device of s
     counts = torch.bincount(torch.bucketize(s, edges, right=True), minlength=len(STALENESS_BUCKETS) + 1)
     # one host read: mean, max, then the bucket counts
     mean, top, *bucket_counts = torch.cat(

@@ -84,8 +84,83 @@ from ._losses import TokenLoss, cispo_loss, gspo_loss, ppo_loss, reinforce_loss,
 
 
 @dataclass(frozen=True)
+class BatchInputs:
+    """What the rollout gives for one global batch (B sequences, T tokens): every input of the objective
+    but the learner's log-probs. ``batch_terms`` computes what depends on these alone."""
+
+    loss_mask_B_T: torch.Tensor  # bool: model-generated tokens
+    behaviour_logprobs_B_T: torch.Tensor  # sampler log-probs (non-finite ones are dropped)
+    versions_B_T: torch.Tensor  # long: policy version per token, -1 off the loss mask
+    rewards_B: torch.Tensor  # float
+    group_ids_B: torch.Tensor  # long
+    learner_version: int
+
+    @classmethod
+    def from_train_batch(cls, batch: object, learner_version: int) -> BatchInputs:
+        """Build from a ``labrl.harness.types.TrainBatch`` (on whichever device it is)."""
+        return cls(
+            loss_mask_B_T=batch.loss_mask_B_T,  # type: ignore[attr-defined]
+            behaviour_logprobs_B_T=batch.behaviour_logprobs_B_T,  # type: ignore[attr-defined]
+            versions_B_T=batch.versions_B_T,  # type: ignore[attr-defined]
+            rewards_B=batch.rewards_B,  # type: ignore[attr-defined]
+            group_ids_B=batch.group_ids_B,  # type: ignore[attr-defined]
+            learner_version=learner_version,
+        )
+
+    def validate(self) -> None:
+        """Raise ``ConfigError`` naming the field when shapes, dtypes or versions are inconsistent."""
+        mask = self.loss_mask_B_T
+        if mask.dim() != 2:
+            raise ConfigError(f"loss_mask_B_T must be 2-D (B, T), got shape {tuple(mask.shape)}")
+        if mask.dtype != torch.bool:
+            raise ConfigError(f"loss_mask_B_T must be bool, got {mask.dtype}")
+        _check_per_token(
+            mask, {"behaviour_logprobs_B_T": self.behaviour_logprobs_B_T, "versions_B_T": self.versions_B_T}
+        )
+        for name, t in (("rewards_B", self.rewards_B), ("group_ids_B", self.group_ids_B)):
+            if tuple(t.shape) != tuple(mask.shape[:1]):
+                raise ConfigError(f"{name} has shape {tuple(t.shape)}, expected ({mask.shape[0]},)")
+        _check_float({"behaviour_logprobs_B_T": self.behaviour_logprobs_B_T, "rewards_B": self.rewards_B})
+        for name, t in (("versions_B_T", self.versions_B_T), ("group_ids_B", self.group_ids_B)):
+            if t.is_floating_point() or t.dtype == torch.bool:
+                raise ConfigError(f"{name} must be an integer tensor, got {t.dtype}")
+        # the value checks in one host read (each read waits for the device)
+        nonfinite = (~torch.isfinite(self.rewards_B)).sum()
+        nonfinite_rewards, oldest, newest = torch.cat(
+            [nonfinite[None], version_span(self.versions_B_T, mask)]
+        ).tolist()
+        if nonfinite_rewards:
+            raise ConfigError(
+                "rewards_B has non-finite values: untrainable episodes must be dropped before the objective"
+            )
+        if oldest < 0:
+            raise ConfigError(
+                "versions_B_T has a negative version on a loss-mask token: the sampler must tag every generated token"
+            )
+        if newest > self.learner_version:
+            raise ConfigError(
+                f"versions_B_T has version {newest} newer than learner_version {self.learner_version}"
+            )
+
+
+def _check_per_token(mask: torch.Tensor, tensors: Mapping[str, torch.Tensor]) -> None:
+    for name, t in tensors.items():
+        if tuple(t.shape) != tuple(mask.shape):
+            raise ConfigError(
+                f"{name} has shape {tuple(t.shape)}, expected {tuple(mask.shape)} like loss_mask_B_T"
+            )
+
+
+def _check_float(tensors: Mapping[str, torch.Tensor]) -> None:
+    for name, t in tensors.items():
+        if not t.is_floating_point():
+            raise ConfigError(f"{name} must be a float tensor, got {t.dtype}")
+
+
+@dataclass(frozen=True)
 class ObjectiveInputs:
-    """One global batch (B sequences, T tokens), no grad anywhere."""
+    """One global batch (B sequences, T tokens), no grad anywhere: the rollout's ``BatchInputs``
+    (``batch``) plus the learner's log-probs."""
 
     loss_mask_B_T: torch.Tensor  # bool: model-generated tokens
     old_logprobs_B_T: torch.Tensor  # learner log-probs at batch start
@@ -105,69 +180,45 @@ class ObjectiveInputs:
         ref_logprobs_B_T: torch.Tensor | None = None,
     ) -> ObjectiveInputs:
         """Build from a ``labrl.harness.types.TrainBatch`` plus the learner's no-grad log-probs."""
+        b = BatchInputs.from_train_batch(batch, learner_version)
         return cls(
-            loss_mask_B_T=batch.loss_mask_B_T,  # type: ignore[attr-defined]
+            loss_mask_B_T=b.loss_mask_B_T,
             old_logprobs_B_T=old_logprobs_B_T,
-            behaviour_logprobs_B_T=batch.behaviour_logprobs_B_T,  # type: ignore[attr-defined]
-            versions_B_T=batch.versions_B_T,  # type: ignore[attr-defined]
-            rewards_B=batch.rewards_B,  # type: ignore[attr-defined]
-            group_ids_B=batch.group_ids_B,  # type: ignore[attr-defined]
+            behaviour_logprobs_B_T=b.behaviour_logprobs_B_T,
+            versions_B_T=b.versions_B_T,
+            rewards_B=b.rewards_B,
+            group_ids_B=b.group_ids_B,
             learner_version=learner_version,
             ref_logprobs_B_T=ref_logprobs_B_T,
         )
 
-    def validate(self) -> None:
-        """Raise ``ConfigError`` naming the field when shapes, dtypes or versions are inconsistent."""
-        mask = self.loss_mask_B_T
-        if mask.dim() != 2:
-            raise ConfigError(f"loss_mask_B_T must be 2-D (B, T), got shape {tuple(mask.shape)}")
-        if mask.dtype != torch.bool:
-            raise ConfigError(f"loss_mask_B_T must be bool, got {mask.dtype}")
-        shape = tuple(mask.shape)
-        per_token = {
-            "old_logprobs_B_T": self.old_logprobs_B_T,
-            "behaviour_logprobs_B_T": self.behaviour_logprobs_B_T,
-            "versions_B_T": self.versions_B_T,
-        }
-        if self.ref_logprobs_B_T is not None:
-            per_token["ref_logprobs_B_T"] = self.ref_logprobs_B_T
-        for name, t in per_token.items():
-            if tuple(t.shape) != shape:
-                raise ConfigError(f"{name} has shape {tuple(t.shape)}, expected {shape} like loss_mask_B_T")
-        for name, t in (("rewards_B", self.rewards_B), ("group_ids_B", self.group_ids_B)):
-            if tuple(t.shape) != shape[:1]:
-                raise ConfigError(f"{name} has shape {tuple(t.shape)}, expected ({shape[0]},)")
-        for name in ("old_logprobs_B_T", "behaviour_logprobs_B_T", "ref_logprobs_B_T"):
-            given = per_token.get(name)
-            if given is not None and not given.is_floating_point():
-                raise ConfigError(f"{name} must be a float tensor, got {given.dtype}")
-        if not self.rewards_B.is_floating_point():
-            raise ConfigError(f"rewards_B must be a float tensor, got {self.rewards_B.dtype}")
-        for name, t in (("versions_B_T", self.versions_B_T), ("group_ids_B", self.group_ids_B)):
-            if t.is_floating_point() or t.dtype == torch.bool:
-                raise ConfigError(f"{name} must be an integer tensor, got {t.dtype}")
-        # the value checks in one host read (each read waits for the device)
-        counts = torch.stack(
-            [(~torch.isfinite(self.rewards_B)).sum(), (mask & ~torch.isfinite(self.old_logprobs_B_T)).sum()]
+    @property
+    def batch(self) -> BatchInputs:
+        return BatchInputs(
+            self.loss_mask_B_T,
+            self.behaviour_logprobs_B_T,
+            self.versions_B_T,
+            self.rewards_B,
+            self.group_ids_B,
+            self.learner_version,
         )
-        nonfinite_rewards, bad_old, oldest, newest = torch.cat(
-            [counts, version_span(self.versions_B_T, mask)]
-        ).tolist()
-        if nonfinite_rewards:
-            raise ConfigError(
-                "rewards_B has non-finite values: untrainable episodes must be dropped before the objective"
-            )
-        if oldest < 0:
-            raise ConfigError(
-                "versions_B_T has a negative version on a loss-mask token: the sampler must tag every generated token"
-            )
-        if newest > self.learner_version:
-            raise ConfigError(
-                f"versions_B_T has version {newest} newer than learner_version {self.learner_version}"
-            )
-        if bad_old:
+
+    def validate(self) -> None:
+        """Raise ``ConfigError`` naming the field when shapes, dtypes or versions are inconsistent
+        (``BatchInputs.validate``), ``LearnerError`` on a non-finite learner log-prob on the loss mask."""
+        self.batch.validate()
+        self.validate_learner_logprobs()
+
+    def validate_learner_logprobs(self, *, values: bool = True) -> None:
+        """The learner's log-probs: shapes and dtypes, then (``values``) finite on the loss mask, one host read."""
+        learner = {"old_logprobs_B_T": self.old_logprobs_B_T}
+        if self.ref_logprobs_B_T is not None:
+            learner["ref_logprobs_B_T"] = self.ref_logprobs_B_T
+        _check_per_token(self.loss_mask_B_T, learner)
+        _check_float(learner)
+        if values and (bad := int((self.loss_mask_B_T & ~torch.isfinite(self.old_logprobs_B_T)).sum())):
             raise LearnerError(
-                f"old_logprobs_B_T has {bad_old} non-finite values on loss-mask tokens: the learner forward is broken"
+                f"old_logprobs_B_T has {bad} non-finite values on loss-mask tokens: the learner forward is broken"
             )
 
 
@@ -239,10 +290,18 @@ def minibatch(
     )
 
 
-def _check_inputs(cfg: ObjectiveConfig, inputs: ObjectiveInputs) -> None:
-    inputs.validate()
+def _check_learner_inputs(
+    cfg: ObjectiveConfig, inputs: ObjectiveInputs, terms: BatchTerms, *, values: bool
+) -> None:
+    """The learner's log-probs (``validate_learner_logprobs``), the reference the KL term needs, and
+    ``terms`` of this batch's shape."""
+    inputs.validate_learner_logprobs(values=values)
     if cfg.kl_coef > 0 and inputs.ref_logprobs_B_T is None:
         raise ConfigError("kl_coef > 0 requires ref_logprobs_B_T in ObjectiveInputs (or set kl_coef=0)")
+    if tuple(terms.valid_B_T.shape) != tuple(inputs.loss_mask_B_T.shape):
+        raise ConfigError(
+            f"batch terms of shape {tuple(terms.valid_B_T.shape)} for a batch of {tuple(inputs.loss_mask_B_T.shape)}"
+        )
 
 
 def _assemble(
@@ -280,22 +339,60 @@ def _assemble(
     )
 
 
-@torch.no_grad()
-def prepare(cfg: ObjectiveConfig, inputs: ObjectiveInputs) -> PreparedBatch:
-    """Advantages, correction weights/masks, global denominator and diagnostics for one global batch."""
-    _check_inputs(cfg, inputs)
+@dataclass(frozen=True)
+class BatchTerms:
+    """What ``prepare`` computes without the learner's log-probs, once per batch (``batch_terms``): the valid
+    mask and its counts, the advantages, and (``metrics``) their diagnostics, already host floats.
 
-    valid = _valid_tokens(inputs)  # (B, T)
+    From the batch alone, so a learner computes them on the host copy of its batch, before the upload:
+    on a GPU they then take no kernel launch and no device wait (``to`` moves the two tensors)."""
+
+    valid_B_T: torch.Tensor  # bool: on the loss mask with a finite sampler log-prob
+    num_valid_tokens: int
+    num_valid_seqs: int
+    advantages_B: torch.Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def to(self, device: torch.device) -> BatchTerms:
+        return dataclasses.replace(
+            self, valid_B_T=self.valid_B_T.to(device), advantages_B=self.advantages_B.to(device)
+        )
+
+
+@torch.no_grad()
+def batch_terms(cfg: ObjectiveConfig, batch: BatchInputs, *, metrics: bool = True) -> BatchTerms:
+    """Validate ``batch`` and compute its ``BatchTerms``; ``metrics=False`` leaves out the diagnostics
+    (``tokens/*``, ``seqs/valid``, ``adv/*``, ``staleness/*``) and their host reads."""
+    batch.validate()
+    valid = batch.loss_mask_B_T & torch.isfinite(batch.behaviour_logprobs_B_T)
     n_valid, n_seqs = valid_counts(valid)
-    metrics: Metrics = {
+    adv_B, adv_metrics = compute_advantages(
+        cfg.advantages, batch.rewards_B, batch.group_ids_B, cfg.advantage_eps, metrics=metrics
+    )
+    if not metrics:
+        return BatchTerms(valid, n_valid, n_seqs, adv_B)
+    terms_metrics = {
         "tokens/valid": float(n_valid),
-        "tokens/nonfinite_behaviour": float((inputs.loss_mask_B_T & ~valid).sum()),
+        "tokens/nonfinite_behaviour": float((batch.loss_mask_B_T & ~valid).sum()),
         "seqs/valid": float(n_seqs),
     }
-    adv_B, adv_metrics = compute_advantages(
-        cfg.advantages, inputs.rewards_B, inputs.group_ids_B, cfg.advantage_eps
-    )
-    metrics |= adv_metrics
+    terms_metrics |= adv_metrics
+    terms_metrics |= staleness_stats(batch.versions_B_T, valid, batch.learner_version)
+    return BatchTerms(valid, n_valid, n_seqs, adv_B, terms_metrics)
+
+
+@torch.no_grad()
+def prepare(cfg: ObjectiveConfig, inputs: ObjectiveInputs, terms: BatchTerms | None = None) -> PreparedBatch:
+    """Advantages, correction weights/masks, global denominator and diagnostics for one global batch.
+
+    ``terms``: the batch's ``batch_terms`` (validated with them), on the inputs' device; without them,
+    computed here from ``inputs.batch``."""
+    if terms is None:
+        terms = batch_terms(cfg, inputs.batch)
+    _check_learner_inputs(cfg, inputs, terms, values=True)
+    valid, n_valid, n_seqs = terms.valid_B_T, terms.num_valid_tokens, terms.num_valid_seqs
+    adv_B = terms.advantages_B
+    metrics: Metrics = dict(terms.metrics)
     old, mu, log_w = _proximal_log_ratio(cfg, inputs.old_logprobs_B_T, inputs.behaviour_logprobs_B_T, valid)
     adv_B_T = adv_B[:, None].expand_as(log_w)
 
@@ -304,7 +401,6 @@ def prepare(cfg: ObjectiveConfig, inputs: ObjectiveInputs) -> PreparedBatch:
     metrics |= mismatch_kl(log_w, valid)
     metrics["mismatch/abs_log_ratio_mean"] = _frac(log_w.abs().sum(), n_valid)
     metrics |= ratio_stats(log_w, valid)
-    metrics |= staleness_stats(inputs.versions_B_T, valid, inputs.learner_version)
 
     return _assemble(
         cfg,
@@ -332,41 +428,12 @@ def whole_batch_terms(cfg: ObjectiveConfig) -> tuple[str, ...]:
     return tuple(c.name for c in cfg.corrections if isinstance(c, M2PO))
 
 
-@dataclass(frozen=True)
-class RowsContext:
-    """What every micro-batch of one batch shares in ``prepare_rows``, computed once (``rows_context``):
-    the valid mask, its counts and the advantages. A micro-batch loop that passes it makes no host copy
-    per micro-batch (the counts are read here, once)."""
-
-    valid_B_T: torch.Tensor
-    num_valid_tokens: int
-    num_valid_seqs: int
-    advantages_B: torch.Tensor
-
-
-@torch.no_grad()
-def rows_context(cfg: ObjectiveConfig, inputs: ObjectiveInputs) -> RowsContext:
-    """Validate ``inputs`` (every row's proximal log-probs finite: zeros will do) and compute the batch's
-    share of ``prepare_rows``; raises as ``prepare_rows`` does for an objective with whole-batch terms."""
-    _check_inputs(cfg, inputs)
-    whole = whole_batch_terms(cfg)
-    if whole:
-        raise ConfigError(
-            f"corrections {', '.join(whole)} read the whole batch's proximal log-probs: use prepare"
-        )
-    valid = _valid_tokens(inputs)
-    adv_B, _ = compute_advantages(
-        cfg.advantages, inputs.rewards_B, inputs.group_ids_B, cfg.advantage_eps, metrics=False
-    )
-    return RowsContext(valid, *valid_counts(valid), adv_B)
-
-
 @torch.no_grad()
 def prepare_rows(
     cfg: ObjectiveConfig,
     inputs: ObjectiveInputs,
     rows: torch.Tensor | slice | list[int],
-    context: RowsContext | None = None,
+    terms: BatchTerms | None = None,
 ) -> PreparedBatch:
     """``prepare(cfg, inputs).select(rows)``, reading ``inputs.old_logprobs_B_T`` on ``rows`` only.
 
@@ -377,33 +444,34 @@ def prepare_rows(
     whole batch (none reads ``pi_prox``); weights and masks are computed on the
     rows. ``metrics`` is empty: the batch diagnostics (the behaviour mismatch
     among them) come from ``prepare`` once every row's proximal log-probs are
-    known. The other rows' proximal log-probs are not read but must be finite
-    (zeros will do: ``validate`` checks the whole tensor). Raises
-    ``ConfigError`` when the objective has a whole-batch term
-    (``whole_batch_terms``). ``context``: the batch's ``rows_context``, computed once
-    for all its micro-batches (validation included: the rows' proximal log-probs
-    are then not checked here, the caller checks them); without it, computed here.
+    known. Raises ``ConfigError`` when the objective has a whole-batch term
+    (``whole_batch_terms``). ``terms``: the batch's ``batch_terms``, computed once for all its
+    micro-batches; the proximal log-probs' values are then not checked here (the caller checks them
+    once every row's are known). Without ``terms``, computed here and every row's log-probs checked
+    (the rows not yet known must be finite: zeros will do).
     """
-    if context is None:
-        context = rows_context(cfg, inputs)
+    if whole := whole_batch_terms(cfg):
+        raise ConfigError(
+            f"corrections {', '.join(whole)} read the whole batch's proximal log-probs: use prepare"
+        )
+    if terms is None:
+        terms = batch_terms(cfg, inputs.batch, metrics=False)
+        _check_learner_inputs(cfg, inputs, terms, values=True)
+    else:
+        _check_learner_inputs(cfg, inputs, terms, values=False)
     if isinstance(rows, list):
         rows = torch.tensor(rows, dtype=torch.long)
-    valid, adv_B = context.valid_B_T, context.advantages_B
-    n_valid, n_seqs = context.num_valid_tokens, context.num_valid_seqs
+    valid, adv_B = terms.valid_B_T, terms.advantages_B
+    n_valid, n_seqs = terms.num_valid_tokens, terms.num_valid_seqs
     valid_rows = valid[rows]
     old, mu, log_w = _proximal_log_ratio(
         cfg, inputs.old_logprobs_B_T[rows], inputs.behaviour_logprobs_B_T[rows], valid_rows
     )
     adv_rows = adv_B[rows]
     weight, keep, _ = _apply_corrections(
-        cfg, log_w, valid_rows, adv_rows[:, None].expand_as(log_w), n_valid, n_seqs
+        cfg, log_w, valid_rows, adv_rows[:, None].expand_as(log_w), n_valid, n_seqs, metrics=False
     )
     return _assemble(cfg, inputs, rows, valid, (weight, keep, adv_rows, old, mu), n_valid, n_seqs)
-
-
-def _valid_tokens(inputs: ObjectiveInputs) -> torch.Tensor:
-    """Bool ``(B, T)``: on the loss mask with a finite sampler log-prob."""
-    return inputs.loss_mask_B_T & torch.isfinite(inputs.behaviour_logprobs_B_T)
 
 
 def _proximal_log_ratio(
@@ -448,8 +516,13 @@ def _apply_corrections(
     adv_B_T: torch.Tensor,
     n_valid: int,
     n_seqs: int,
+    *,
+    metrics: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, Metrics]:
-    """Corrections in the order listed: weights multiply, masks AND; M2PO sees the tokens still kept."""
+    """Corrections in the order listed: weights multiply, masks AND; M2PO sees the tokens still kept.
+
+    ``metrics=False``: the weights and mask only (``prepare_rows``, whose caller takes the diagnostics
+    from ``prepare``), without the device work of the diagnostics."""
     weight = torch.ones_like(log_w)
     keep = valid.clone()
     m: Metrics = {}
@@ -458,20 +531,24 @@ def _apply_corrections(
         if isinstance(corr, TIS):
             if corr.level == "token":
                 w, truncated = tis_token_weights(log_w, valid, corr.c)
-                m[f"{name}/truncated_frac"] = _frac(truncated.sum(), n_valid)
+                if metrics:
+                    m[f"{name}/truncated_frac"] = _frac(truncated.sum(), n_valid)
             else:
                 w, truncated_B = tis_sequence_weights(log_w, valid, corr.c)
-                m[f"{name}/truncated_seq_frac"] = _frac(truncated_B.sum(), n_seqs)
-                m[f"{name}/truncated_frac"] = _frac((truncated_B[:, None] & valid).sum(), n_valid)
+                if metrics:
+                    m[f"{name}/truncated_seq_frac"] = _frac(truncated_B.sum(), n_seqs)
+                    m[f"{name}/truncated_frac"] = _frac((truncated_B[:, None] & valid).sum(), n_valid)
             weight = weight * w
-            m[f"{name}/weight_mean"] = _frac(torch.where(valid, w, 0.0).sum(), n_valid)
+            if metrics:
+                m[f"{name}/weight_mean"] = _frac(torch.where(valid, w, 0.0).sum(), n_valid)
             continue
         if isinstance(corr, OPSM):
             continue  # evaluated on the current policy at every step, in policy_loss
         if isinstance(corr, IcePop):
             w, band = icepop_weights(log_w, valid, corr.low, corr.high)
             weight = weight * w
-            m[f"{name}/weight_mean"] = _frac(torch.where(band, w, 0.0).sum(), band.sum())
+            if metrics:
+                m[f"{name}/weight_mean"] = _frac(torch.where(band, w, 0.0).sum(), band.sum())
             new_keep = keep & band
         elif isinstance(corr, TokenMask):
             new_keep = keep & token_mask(log_w, valid, corr.low, corr.high)
@@ -480,21 +557,25 @@ def _apply_corrections(
                 seq_keep = geo_mask(log_w, valid, corr.low, corr.high)
             else:
                 seq_keep = veto_mask(log_w, valid, corr.floor)
-            m[f"{name}/masked_seq_frac"] = _frac((~seq_keep & valid.any(dim=1)).sum(), n_seqs)
+            if metrics:
+                m[f"{name}/masked_seq_frac"] = _frac((~seq_keep & valid.any(dim=1)).sum(), n_seqs)
             new_keep = keep & seq_keep[:, None]
         elif isinstance(corr, M2PO):
             res = m2po_mask(log_w, keep, adv_B_T, corr.tau)
             new_keep = res.keep_B_T
-            m[f"{name}/second_moment_before"] = res.second_moment_before
-            m[f"{name}/second_moment_after"] = res.second_moment_after
-            m[f"{name}/active_frac"] = _frac(res.active_B_T.sum(), n_valid)
+            if metrics:
+                m[f"{name}/second_moment_before"] = res.second_moment_before
+                m[f"{name}/second_moment_after"] = res.second_moment_after
+                m[f"{name}/active_frac"] = _frac(res.active_B_T.sum(), n_valid)
         else:  # pragma: no cover - the config's discriminated union admits nothing else
             raise ConfigError(f"unknown correction {corr!r}")
-        m[f"{name}/masked_frac"] = _frac((keep & ~new_keep).sum(), n_valid)
+        if metrics:
+            m[f"{name}/masked_frac"] = _frac((keep & ~new_keep).sum(), n_valid)
         keep = new_keep
-    m["corrections/kept_frac"] = _frac(keep.sum(), n_valid)
-    m["corrections/masked_frac"] = _frac((valid & ~keep).sum(), n_valid)
-    m["corrections/weight_mean"] = _frac(torch.where(keep, weight, 0.0).sum(), n_valid)
+    if metrics:
+        m["corrections/kept_frac"] = _frac(keep.sum(), n_valid)
+        m["corrections/masked_frac"] = _frac((valid & ~keep).sum(), n_valid)
+        m["corrections/weight_mean"] = _frac(torch.where(keep, weight, 0.0).sum(), n_valid)
     return weight, keep, m
 
 

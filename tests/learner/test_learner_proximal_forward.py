@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import re
+
 import pytest
 import torch
 
@@ -138,7 +141,9 @@ def test_one_forward_gives_the_two_forward_step(h, kw, acting):
     assert one.policy_versions == two.policy_versions
 
 
-def test_nan_in_a_later_micro_batch_skips_the_batch_without_the_separate_forward(h):
+@pytest.mark.parametrize("nan_call", [1, 2], ids=["first-micro-batch", "last-micro-batch"])
+def test_nan_in_any_micro_batch_skips_the_batch_without_the_separate_forward(h, nan_call, caplog):
+    # the check is counted once every micro-batch's pi_prox is in: a NaN of the first is still caught
     learner = MegatronLearner(LearnerConfig(micro_batch_size=2, max_consecutive_skips=2))
     batch = h.sampled_batch(h.make_sampler(learner, "fp32"), n=4, max_new=8, seed=81)
     before = learner.export_weights()
@@ -149,11 +154,19 @@ def test_nan_in_a_later_micro_batch_skips_the_batch_without_the_separate_forward
     def nan_second_micro_batch(tokens, routed, model=None):
         out = real(tokens, routed, model)
         calls[0] += 1
-        return out * float("nan") if calls[0] == 2 else out
+        return out * float("nan") if calls[0] == nan_call else out
 
     learner._logprobs_with_grad = nan_second_micro_batch
-    m = learner.train_step(batch)
+    with caplog.at_level(logging.WARNING, logger="labrl.harness.learners.megatron"):
+        m = learner.train_step(batch)
     assert counts["policy_no_grad"] == 0 and counts["policy_grad"] == 2  # the first micro-batch did backward
+    # the cause is named first, with the loss it made non-finite
+    (skip,) = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert re.search(
+        r"\): \d+ non-finite proximal log-probs on loss-mask tokens; 1 micro-batches with a "
+        r"non-finite loss at step 0: optimizer step skipped",
+        skip,
+    ), skip
     assert m["learner/skipped_steps"] == 1.0 and m["learner/optimizer_steps"] == 0.0
     assert learner.version == 0 and learner.step == 0 and learner.optimizer_steps == 0
     assert all(p.grad is None for p in learner.model.parameters())  # its gradients were dropped

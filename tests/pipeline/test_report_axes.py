@@ -113,3 +113,21 @@ def test_a_labelled_run_with_every_label_answered_says_so(tmp_path):
     report = write_report(tmp_path, x="time")
     assert report.summary.splitlines()[-1] == "never answered at step 2: none (every label of 2 named)"
     assert report.axes["by_label"][0] == X_LABELS["time"]
+
+
+def test_the_time_to_reach_the_target_accuracy_is_told_in_training_minutes():
+    from labrl.harness.report import time_to_accuracy
+
+    evals = [
+        {"step": 0, "accuracy": 0.2, "time_s": 30.0},
+        {"step": 20, "accuracy": 0.91, "time_s": 300.0},
+        {"step": 40, "accuracy": 0.95, "time_s": 20.0},  # after a resume whose clock restarted
+    ]
+    assert time_to_accuracy(evals) == "held-out accuracy >= 0.9 first at step 20, 5.0 min of training"
+    assert time_to_accuracy(evals, target=0.93) == (
+        "held-out accuracy >= 0.93 first at step 40, 5.0 min of training"
+    )
+    assert time_to_accuracy(evals[:1]) == (
+        "held-out accuracy never >= 0.9: best 0.200 at step 0, 0.5 min of training"
+    )
+    assert time_to_accuracy([]) is None
