@@ -180,28 +180,17 @@ class ObjectiveInputs:
         ref_logprobs_B_T: torch.Tensor | None = None,
     ) -> ObjectiveInputs:
         """Build from a ``labrl.harness.types.TrainBatch`` plus the learner's no-grad log-probs."""
-        b = BatchInputs.from_train_batch(batch, learner_version)
+        rollout = BatchInputs.from_train_batch(batch, learner_version)
         return cls(
-            loss_mask_B_T=b.loss_mask_B_T,
+            **{f.name: getattr(rollout, f.name) for f in dataclasses.fields(BatchInputs)},
             old_logprobs_B_T=old_logprobs_B_T,
-            behaviour_logprobs_B_T=b.behaviour_logprobs_B_T,
-            versions_B_T=b.versions_B_T,
-            rewards_B=b.rewards_B,
-            group_ids_B=b.group_ids_B,
-            learner_version=learner_version,
             ref_logprobs_B_T=ref_logprobs_B_T,
         )
 
     @property
     def batch(self) -> BatchInputs:
-        return BatchInputs(
-            self.loss_mask_B_T,
-            self.behaviour_logprobs_B_T,
-            self.versions_B_T,
-            self.rewards_B,
-            self.group_ids_B,
-            self.learner_version,
-        )
+        """The rollout's part of these inputs (the same tensors)."""
+        return BatchInputs(**{f.name: getattr(self, f.name) for f in dataclasses.fields(BatchInputs)})
 
     def validate(self) -> None:
         """Raise ``ConfigError`` naming the field when shapes, dtypes or versions are inconsistent
