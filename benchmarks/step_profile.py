@@ -17,6 +17,10 @@ step this reports:
   ``launches``: kernel launches;
 - ``ops``: time per name: device kernels on CUDA, aten ops' self CPU time on CPU (``--device cpu``, a
   smoke run: there the whole step is host time);
+- ``phases_ms`` (labrl's step only): the host time in each of ``train_step``'s named ranges
+  (``labrl/forward``, ``labrl/objective``, ``labrl/backward``, ``labrl/checks``, ``labrl/clip``,
+  ``labrl/optimizer``, ``labrl/prepare``, ...; ``megatron.phase``), waits for the device included:
+  a phase long on the host while the device idles is where a gap is;
 
 then the two paths' ``ops`` differences, largest first (``diff``): what labrl's step adds or saves.
 
@@ -40,6 +44,7 @@ from torch.autograd import DeviceType
 
 from labrl._warnings import quiet_expected_warnings
 from labrl.harness.learners import LearnerConfig, MegatronLearner
+from labrl.harness.learners.megatron import PHASE_PREFIX
 
 SHAPES = {"tiny": (QUICKSTART_MODEL, 64, 200, 32), "big": (BIG_MODEL, 16, 2048, 2)}
 HOST_READS = ("aten::_local_scalar_dense", "aten::nonzero")
@@ -60,10 +65,17 @@ def summarise(events: Iterable, wall_s: float, steps: int, *, device: str) -> di
     """Per-step figures of one profiled run (module docstring) from torch.profiler's ``FunctionEvent``s:
     each has ``name``, ``device_type``, ``time_range`` (``start``, ``end`` in us) and ``self_cpu_time_total``."""
     per_name: dict[str, float] = defaultdict(float)
+    phases: dict[str, float] = defaultdict(float)
     spans = []
     host_reads = syncs = launches = 0
     for e in events:
         on_device = e.device_type != DeviceType.CPU
+        if e.name.startswith(PHASE_PREFIX):
+            # a named range of labrl's step; on CUDA the profiler mirrors it on the device timeline
+            # (a span over the range's kernels, not a kernel: neither busy time nor an op)
+            if not on_device:
+                phases[e.name.removeprefix(PHASE_PREFIX)] += e.time_range.elapsed_us()
+            continue
         if on_device:
             spans.append((e.time_range.start, e.time_range.end))
             if device != "cpu":
@@ -92,6 +104,7 @@ def summarise(events: Iterable, wall_s: float, steps: int, *, device: str) -> di
         "launches": launches / steps,
         "ops_ms": {name: us / 1e3 / steps for name, us in ops},  # every name: the diff reads them all
         "ops_total_ms": sum(per_name.values()) / 1e3 / steps,
+        "phases_ms": {name: us / 1e3 / steps for name, us in sorted(phases.items(), key=lambda kv: -kv[1])},
     }
 
 
@@ -173,6 +186,10 @@ def print_shape(res: dict) -> None:
         idle = "-" if r["idle_frac"] is None else f"{r['idle_frac']:.0%}"
         print(f"{key:22} {r['wall_ms']:9.1f} {r['busy_ms']:9.1f} {idle:>6} {r['host_reads']:11.0f} "
               f"{r['syncs']:7.0f} {r['launches']:9.0f}")  # fmt: skip
+    phases = (res.get("labrl") or {}).get("phases_ms")
+    if phases:
+        print("\nlabrl train_step, host ms per phase (waits for the device included): "
+              + ", ".join(f"{name} {ms:.1f}" for name, ms in phases.items()))  # fmt: skip
     if "diff" in res:
         print(f"\n{'op (labrl - bare, ms per step)':70} {'labrl':>8} {'bare':>8} {'diff':>8}")
         for r in res["diff"]:

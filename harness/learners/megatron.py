@@ -113,6 +113,13 @@ def _selected(prepared: objectives.PreparedBatch) -> MicroPrepared:
     return lambda pos, T, logp: prepared.select(pos)
 
 
+def phase(name: str) -> torch.profiler.record_function:
+    """A named range of ``train_step`` (``labrl/<name>``) for ``torch.profiler``: where a step's host time
+    goes (``benchmarks/step_profile.py``); next to nothing without a profiler running."""
+    return torch.profiler.record_function(f"{PHASE_PREFIX}{name}")
+
+
+PHASE_PREFIX = "labrl/"
 NONFINITE_PROXIMAL = "non-finite proximal log-probs on loss-mask tokens"
 NONFINITE_LOSS = "micro-batches with a non-finite loss"
 
@@ -232,12 +239,14 @@ class MegatronLearner:
             batch.attention_mask_B_T, cfg.micro_batch_size, sort_by_length=cfg.length_sorted_micro_batches
         )
         # what the objective computes from the batch alone, on the host copy: no launch, no device wait
-        terms = objectives.batch_terms(
-            cfg.objective, objectives.BatchInputs.from_train_batch(batch, self._version)
-        )
-        behaviour_span = objectives.version_span(batch.versions_B_T, terms.valid_B_T).tolist()
-        batch = to_device(batch, self.device)
-        terms = terms.to(self.device)
+        with phase("batch_terms"):
+            terms = objectives.batch_terms(
+                cfg.objective, objectives.BatchInputs.from_train_batch(batch, self._version)
+            )
+            behaviour_span = objectives.version_span(batch.versions_B_T, terms.valid_B_T).tolist()
+        with phase("upload"):
+            batch = to_device(batch, self.device)
+            terms = terms.to(self.device)
         order_dev = torch.tensor(order, dtype=torch.long, device=self.device)
         plan = [(order_dev[start:stop], T) for start, stop, T in spans]
         if self.master is not None and not self._masters_synced:
@@ -302,15 +311,17 @@ class MegatronLearner:
         """
         cfg = self.config
         with_reference = self.reference_model is not None
-        old_B_T, ref_B_T = self._no_grad_logprobs(
-            batch.tokens_B_T, replay, plan, with_reference=with_reference
-        )
-        bad = int((batch.loss_mask_B_T & ~torch.isfinite(old_B_T)).sum())
-        if bad:
-            self._record_skip(f"{bad} {NONFINITE_PROXIMAL}: batch skipped")
-            return None, [], 1
-        inputs = objectives.ObjectiveInputs.from_train_batch(batch, old_B_T, self._version, ref_B_T)
-        prepared = objectives.prepare(cfg.objective, inputs, terms)
+        with phase("proximal_forward"):
+            old_B_T, ref_B_T = self._no_grad_logprobs(
+                batch.tokens_B_T, replay, plan, with_reference=with_reference
+            )
+        with phase("prepare"):
+            bad = int((batch.loss_mask_B_T & ~torch.isfinite(old_B_T)).sum())
+            if bad:
+                self._record_skip(f"{bad} {NONFINITE_PROXIMAL}: batch skipped")
+                return None, [], 1
+            inputs = objectives.ObjectiveInputs.from_train_batch(batch, old_B_T, self._version, ref_B_T)
+            prepared = objectives.prepare(cfg.objective, inputs, terms)
         step_metrics: list[dict[str, float]] = []
         skipped = 0
         for rows in self._minibatch_rows(batch.batch_size):
@@ -390,7 +401,10 @@ class MegatronLearner:
         metrics = self._optimizer_step(batch, replay, from_loss_forward, plan, checks=checks)
         if metrics is None:
             return None, [], 1
-        return (whole[0] if whole else objectives.prepare(cfg.objective, inputs, terms)), [metrics], 0
+        if whole:
+            return whole[0], [metrics], 0
+        with phase("prepare"):  # the batch's diagnostics, once every micro-batch's pi_prox is known
+            return objectives.prepare(cfg.objective, inputs, terms), [metrics], 0
 
     def _minibatch_rows(self, batch_size: int) -> list[torch.Tensor | None]:
         """Row indices of every optimizer step of the batch (None = the whole batch, in order).
@@ -445,34 +459,42 @@ class MegatronLearner:
         for pos, T in plan:
             batch_rows = pos if rows is None else rows[pos]
             routed = None if replay is None else replay[batch_rows, :T]
-            logp = self._logprobs_with_grad(batch.tokens_B_T[batch_rows, :T], routed)
-            prepared = micro_prepared(pos, T, logp)
-            if prepared is None:
-                self._drop_gradients()
-                return None
-            logp = torch.nn.functional.pad(logp, (0, T_full - T))  # cut columns are padding: log-prob 0
-            loss, metrics = objectives.policy_loss(cfg.objective, logp, prepared, device_metrics=True)
-            _tally(checks, NONFINITE_LOSS, ~torch.isfinite(loss))
-            loss.backward()
-            if self.master is not None:
-                self.master.accumulate_grads()
+            with phase("forward"):
+                logp = self._logprobs_with_grad(batch.tokens_B_T[batch_rows, :T], routed)
+            with phase("objective"):
+                prepared = micro_prepared(pos, T, logp)
+                if prepared is None:
+                    self._drop_gradients()
+                    return None
+                logp = torch.nn.functional.pad(logp, (0, T_full - T))  # cut columns are padding: log-prob 0
+                loss, metrics = objectives.policy_loss(cfg.objective, logp, prepared, device_metrics=True)
+                _tally(checks, NONFINITE_LOSS, ~torch.isfinite(loss))
+            with phase("backward"):
+                loss.backward()
+                if self.master is not None:
+                    self.master.accumulate_grads()
             micro_metrics.append(metrics)
-        if failed := _failures(checks):
+        with phase("checks"):
+            failed = _failures(checks)
+        if failed:
             self._drop_gradients()
             self._record_skip(f"{failed} at step {self.step}: optimizer step skipped")
             return None
-        grad_norm = self._clip_gradients()
+        with phase("clip"):
+            grad_norm = self._clip_gradients()
         if not math.isfinite(grad_norm):
             self._drop_gradients()
             self._record_skip(f"non-finite gradient norm at step {self.step}")
             return None
-        self.optimizer.step()
-        if self.master is not None:
-            self.master.copy_to_model()
+        with phase("optimizer"):
+            self.optimizer.step()
+            if self.master is not None:
+                self.master.copy_to_model()
         self.optimizer_steps += 1
         self.consecutive_skips = 0
         assert prepared is not None  # the last micro-batch's share: its batch metrics are left out
-        summed = objectives.combine_metrics(prepared, micro_metrics)
+        with phase("metrics"):
+            summed = objectives.combine_metrics(prepared, micro_metrics)
         out = {k: v for k, v in summed.items() if k not in prepared.metrics}
         out["learner/grad_norm"] = grad_norm
         return out

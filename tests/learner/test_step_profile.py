@@ -80,6 +80,21 @@ def test_cuda_summary_per_step():
     assert list(s["ops_ms"]) == ["gemm", "softmax"]  # largest first
 
 
+def test_phases_are_host_time_per_step_and_their_device_mirror_is_neither_busy_nor_an_op():
+    sp = step_profile()
+    events = [
+        host("labrl/forward", 3_000.0),
+        host("labrl/forward", 1_000.0),
+        host("labrl/objective", 500.0),
+        Event("labrl/forward", DeviceType.CUDA, Range(0, 9_000)),  # the profiler's device-side mirror
+        kernel("gemm", 0, 2_000),
+    ]
+    s = sp.summarise(events, wall_s=0.010, steps=2, device="cuda")
+    assert s["phases_ms"] == pytest.approx({"forward": 2.0, "objective": 0.25})
+    assert list(s["phases_ms"]) == ["forward", "objective"]  # largest first
+    assert s["busy_ms"] == pytest.approx(1.0) and s["ops_ms"] == pytest.approx({"gemm": 1.0})
+
+
 def test_cpu_summary_times_aten_ops_and_has_no_idle_share():
     sp = step_profile()
     s = sp.summarise([host("aten::mm", 3_000.0), host("aten::add", 1_000.0), host("other", 9_000.0)],
@@ -108,6 +123,11 @@ def test_the_cpu_smoke_run_profiles_both_paths(tmp_path):
         assert r["wall_ms"] > 0 and r["ops_total_ms"] > 0 and "aten::mm" in r["ops_ms"]
     # labrl's step reads the batch's counts, metrics and the grad norm back; the bare step does less
     assert labrl["host_reads"] > bare["host_reads"] > 0
+    # labrl's named ranges, and none in the bare step
+    assert {"batch_terms", "upload", "forward", "objective", "backward", "clip", "optimizer"} <= set(
+        labrl["phases_ms"]
+    )
+    assert bare["phases_ms"] == {}
     assert shape["diff"] and all("diff_ms" in r for r in shape["diff"])
 
 
