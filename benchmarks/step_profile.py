@@ -19,7 +19,8 @@ step this reports:
   smoke run: there the whole step is host time);
 - ``phases_ms`` (labrl's step only): the host time in each of ``train_step``'s named ranges
   (``labrl/forward``, ``labrl/objective``, ``labrl/backward``, ``labrl/checks``, ``labrl/clip``,
-  ``labrl/optimizer``, ``labrl/prepare``, ...; ``megatron.phase``), waits for the device included:
+  ``labrl/optimizer``, ``labrl/prepare``, ...; ``megatron.phase``; ``labrl/objective`` holds the
+  frozen reference's forward when a KL term needs one), waits for the device included:
   a phase long on the host while the device idles is where a gap is;
 
 then the two paths' ``ops`` differences, largest first (``diff``): what labrl's step adds or saves.
