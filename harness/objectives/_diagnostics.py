@@ -94,17 +94,20 @@ def ratio_stats(log_w_B_T: torch.Tensor, valid_B_T: torch.Tensor) -> dict[str, f
     return out
 
 
-NO_VERSION = (2**62, -1)  # the span of no token: above any version, below any
+EMPTY_SPAN = (
+    2**62,
+    -1,
+)  # the span of no token: [above any version, below any] (not the token tag NO_VERSION)
 
 
 def version_span(versions_B_T: torch.Tensor, mask_B_T: torch.Tensor) -> torch.Tensor:
-    """``[min, max]`` (int64, on the device) of the versions on ``mask_B_T``'s tokens; ``NO_VERSION`` if none.
+    """``[min, max]`` (int64, on the device) of the versions on ``mask_B_T``'s tokens; ``EMPTY_SPAN`` if none.
 
     Left on the device, for a caller that reads it with its other values in one host copy."""
     versions = versions_B_T.to(torch.int64)
     if versions.numel() == 0:
-        return torch.tensor(NO_VERSION, dtype=torch.int64, device=versions.device)
-    low, high = NO_VERSION
+        return torch.tensor(EMPTY_SPAN, dtype=torch.int64, device=versions.device)
+    low, high = EMPTY_SPAN
     return torch.stack(
         [versions.masked_fill(~mask_B_T, low).amin(), versions.masked_fill(~mask_B_T, high).amax()]
     )

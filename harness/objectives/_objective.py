@@ -192,12 +192,6 @@ class ObjectiveInputs:
         """The rollout's part of these inputs (the same tensors)."""
         return BatchInputs(**{f.name: getattr(self, f.name) for f in dataclasses.fields(BatchInputs)})
 
-    def validate(self) -> None:
-        """Raise ``ConfigError`` naming the field when shapes, dtypes or versions are inconsistent
-        (``BatchInputs.validate``), ``LearnerError`` on a non-finite learner log-prob on the loss mask."""
-        self.batch.validate()
-        self.validate_learner_logprobs()
-
     def validate_learner_logprobs(self, *, values: bool = True) -> None:
         """The learner's log-probs: shapes and dtypes, then (``values``) finite on the loss mask, one host read."""
         learner = {"old_logprobs_B_T": self.old_logprobs_B_T}
@@ -443,11 +437,10 @@ def prepare_rows(
         raise ConfigError(
             f"corrections {', '.join(whole)} read the whole batch's proximal log-probs: use prepare"
         )
+    given = terms is not None
     if terms is None:
         terms = batch_terms(cfg, inputs.batch, metrics=False)
-        _check_learner_inputs(cfg, inputs, terms, values=True)
-    else:
-        _check_learner_inputs(cfg, inputs, terms, values=False)
+    _check_learner_inputs(cfg, inputs, terms, values=not given)
     if isinstance(rows, list):
         rows = torch.tensor(rows, dtype=torch.long)
     valid, adv_B = terms.valid_B_T, terms.advantages_B
