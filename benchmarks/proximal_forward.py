@@ -6,7 +6,11 @@ forward and backward), one with ``auto`` (the loss forward's log-probs,
 detached, are the proximal ones: ``labrl.harness.learners.proximal``). Their
 steps alternate on the same batch, so both see the same machine load; the
 ratio of the medians is the result. Rows: one micro-batch (any objective),
-and two micro-batches with the default objective (TIS: no whole-batch term).
+two micro-batches with the default objective (TIS: no whole-batch term), and
+two micro-batches with the quickstart's objective (CISPO, M2PO, KL to a frozen
+reference: a whole-batch term, so ``auto`` runs both loss forwards first and
+keeps their graphs: ``labrl.harness.learners.graph_memory``; the row also gives
+the kept graphs' saved bytes).
 Prompts of 234 random tokens plus 16 scored ones; behaviour log-probs are the
 learner's own (on-policy).
 
@@ -25,10 +29,16 @@ from _results import write_json  # beside this script
 from _torch_threads import parse_with_threads  # beside this script
 
 from labrl.harness.learners import LearnerConfig, MegatronLearner
+from labrl.harness.objectives import M2PO, ObjectiveConfig
 from labrl.harness.rollout.batching import collate
 from labrl.harness.types import TrainBatch, Trajectory
 
 PROMPT, SCORED = 234, 16
+# configs/quickstart.yaml's objective and reference
+QUICKSTART_OBJECTIVE = {
+    "objective": ObjectiveConfig(loss="cispo", corrections=[M2PO(tau=0.04)], kl_coef=0.1),
+    "reference": "initial",
+}
 
 
 def make_batch(learner: MegatronLearner, batch: int) -> TrainBatch:
@@ -54,20 +64,27 @@ def make_batch(learner: MegatronLearner, batch: int) -> TrainBatch:
     return dataclasses.replace(out, behaviour_logprobs_B_T=torch.where(out.loss_mask_B_T, on_policy, 0.0))
 
 
-def compare(batch_size: int, micro_batch_size: int, repeats: int) -> dict[str, float]:
-    base = LearnerConfig(micro_batch_size=micro_batch_size)
+def compare(batch_size: int, micro_batch_size: int, repeats: int, **learner: object) -> dict[str, float]:
+    base = LearnerConfig(micro_batch_size=micro_batch_size, **learner)
     one = MegatronLearner(base)
     two = MegatronLearner(base.model_copy(update={"proximal_forward": "separate"}))
     batch = make_batch(one, batch_size)
     times: dict[str, list[float]] = {"separate": [], "auto": []}
+    kept = 0.0
     for _ in range(repeats + 1):  # the first pair warms up
-        for name, learner in (("separate", two), ("auto", one)):
+        for name, stepping in (("separate", two), ("auto", one)):
             t0 = time.perf_counter()
-            m = learner.train_step(batch)
+            m = stepping.train_step(batch)
             times[name].append(time.perf_counter() - t0)
             assert m["learner/proximal_forward"] == float(name == "separate")
+            kept = max(kept, m["learner/kept_graph_bytes"])
     sep, auto = statistics.median(times["separate"][1:]), statistics.median(times["auto"][1:])
-    return {"separate_step_s": sep, "auto_step_s": auto, "speedup_x": sep / auto}
+    return {
+        "separate_step_s": sep,
+        "auto_step_s": auto,
+        "speedup_x": sep / auto,
+        "kept_graph_mib": kept / 2**20,
+    }
 
 
 def main() -> None:
@@ -80,10 +97,16 @@ def main() -> None:
         f"two_micro_batches_{args.batch}x{PROMPT + SCORED}_tis": compare(
             args.batch, args.batch // 2, args.repeats
         ),
+        f"two_micro_batches_{args.batch}x{PROMPT + SCORED}_m2po_kl_kept_graphs": compare(
+            args.batch, args.batch // 2, args.repeats, **QUICKSTART_OBJECTIVE
+        ),
     }
-    print(f"{'case':<36} {'separate s':>11} {'auto s':>9} {'speedup':>8}")
+    print(f"{'case':<48} {'separate s':>11} {'auto s':>9} {'speedup':>8} {'kept MiB':>9}")
     for name, r in rows.items():
-        print(f"{name:<36} {r['separate_step_s']:>11.3f} {r['auto_step_s']:>9.3f} {r['speedup_x']:>7.2f}x")
+        print(
+            f"{name:<48} {r['separate_step_s']:>11.3f} {r['auto_step_s']:>9.3f} {r['speedup_x']:>7.2f}x"
+            f" {r['kept_graph_mib']:>9.1f}"
+        )
     write_json("proximal_forward", rows)
 
 

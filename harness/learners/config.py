@@ -116,6 +116,15 @@ class LearnerConfig(BaseModel):
         description="auto: with one optimizer step per batch, take the proximal log-probs from the loss forward "
         "(one micro-batch, or no whole-batch term such as M2PO) | separate: always a no-grad forward first",
     )
+    graph_memory_fraction: float = Field(
+        default=0.5,
+        ge=0,
+        lt=1,
+        description="under a whole-batch term (M2PO) with several micro-batches: the share of the device's "
+        "free memory the kept loss-forward graphs (and the step's gradients) may use, so that no separate "
+        "no-grad forward is needed; micro-batches past it get one (labrl.harness.learners.graph_memory). "
+        "0: the separate forward for every micro-batch",
+    )
     max_consecutive_skips: int = Field(
         default=5,
         ge=1,

@@ -19,8 +19,14 @@ objective allows (``labrl.harness.learners.proximal`` decides, per batch): a
 batch of one micro-batch, or an objective without whole-batch terms (no
 M2PO), takes each micro-batch's ``old`` from its loss forward, detached
 (``objectives.prepare_rows``), and runs ``objectives.prepare`` on the
-filled-in ``old`` after the backward passes for the batch diagnostics; the
-metric ``learner/proximal_forward`` is 1 when the separate forward ran.
+filled-in ``old`` after the backward passes for the batch diagnostics. Under
+a whole-batch term with several micro-batches, every loss forward runs first
+and keeps its graph while memory allows (``labrl.harness.learners.graph_memory``),
+``objectives.prepare`` sees the whole batch, then the backward passes run;
+a micro-batch whose graph does not fit gets the no-grad forward. The metric
+``learner/proximal_forward`` is the share of micro-batches that ran the
+no-grad forward (1 under the separate forward), ``learner/kept_graphs`` the
+number of kept graphs.
 
 A batch's optimizer steps publish ONE new policy version (the orchestrator
 pushes weights once per ``train_step``), so ``max_staleness`` and admission
@@ -87,6 +93,7 @@ import torch
 
 from labrl.errors import ConfigError, LearnerError
 from labrl.harness import objectives
+from labrl.harness.learners import graph_memory
 from labrl.harness.learners.config import LearnerConfig
 from labrl.harness.learners.model_parallel import gather_full_state, sequence_parallel
 from labrl.harness.learners.precision import adamw_with_precision
@@ -167,6 +174,7 @@ class MegatronLearner:
         # TP > 1: each rank routes its sequence slice; routes are gathered/scattered for record/replay
         self.sp = sequence_parallel(enabled=bool(getattr(self.model.config, "sequence_parallel", False)))
         model_params = [p for p in self.model.parameters() if p.requires_grad]
+        self._model_params = model_params
         opt = cfg.optimizer
         # fp32 master weights under bf16 (synced from the model at the first train_step)
         self.optimizer, self.master = adamw_with_precision(
@@ -260,12 +268,19 @@ class MegatronLearner:
             optimizer_steps=cfg.minibatches * cfg.epochs,
             micro_batches=len(plan),
             whole_batch_terms=objectives.whole_batch_terms(cfg.objective),
+            graph_memory_fraction=cfg.graph_memory_fraction,
         )
         proximal_version = self._version
+        kept: graph_memory.GraphBudget | None = None
         if proximal.separate:
             prepared, step_metrics, skipped = self._steps_after_proximal_forward(batch, terms, replay, plan)
+            no_grad_forwards = len(plan)
+        elif proximal.keep_graphs:
+            prepared, step_metrics, skipped, kept = self._step_on_kept_graphs(batch, terms, replay, plan)
+            no_grad_forwards = len(plan) - kept.kept
         else:
             prepared, step_metrics, skipped = self._step_on_loss_forward(batch, terms, replay, plan)
+            no_grad_forwards = 0
         if prepared is None or not step_metrics:
             return self._skip_metrics(started, skipped=skipped)
         lr = self.scheduler.get_last_lr()[0]
@@ -288,7 +303,10 @@ class MegatronLearner:
             "learner/tokens": float(tokens),
             "learner/router_replay": float(replay is not None),
             "learner/reference": float(self.reference_model is not None),
-            "learner/proximal_forward": float(proximal.separate),
+            # the share of micro-batches that ran a no-grad forward for their proximal log-probs
+            "learner/proximal_forward": no_grad_forwards / len(plan),
+            "learner/kept_graphs": float(kept.kept if kept else 0),
+            "learner/kept_graph_bytes": float(kept.kept_bytes if kept else 0),  # their saved activations
             "learner/version": float(self._version),
             "learner/proximal_version": float(proximal_version),
             "learner/optimizer_steps": float(len(step_metrics)),
@@ -406,6 +424,61 @@ class MegatronLearner:
         with phase("prepare"):  # the batch's diagnostics, once every micro-batch's pi_prox is known
             return objectives.prepare(cfg.objective, inputs, terms), [metrics], 0
 
+    def _step_on_kept_graphs(
+        self,
+        batch: TrainBatch,
+        terms: objectives.BatchTerms,
+        replay: torch.Tensor | None,
+        plan: list[tuple[torch.Tensor, int]],
+    ) -> tuple[objectives.PreparedBatch | None, list[dict[str, float]], int, graph_memory.GraphBudget]:
+        """The batch's one optimizer step under a whole-batch term: loss forwards first, backward passes after.
+
+        Each micro-batch's loss forward runs with grad and keeps its graph while
+        ``graph_memory.GraphBudget`` admits it (its ``pi_prox`` is that forward,
+        detached); one that does not fit gets a no-grad forward now and its loss
+        forward in the optimizer step, as under the separate forward. Once every
+        row's ``pi_prox`` is known, ``objectives.prepare`` sees the whole batch
+        (M2PO's mask among it), and the backward passes run on the kept graphs.
+        Returns what ``_steps_after_proximal_forward`` does, and the budget (what it kept).
+        """
+        cfg = self.config
+        old_B_T = torch.zeros(batch.tokens_B_T.shape, dtype=torch.float32, device=self.device)
+        ref_B_T = torch.zeros_like(old_B_T) if self.reference_model is not None else None
+        self._drop_gradients()  # the budget's free memory is measured without last step's gradients
+        budget = graph_memory.GraphBudget(
+            free_bytes=graph_memory.free_memory_bytes(self.device),
+            fraction=cfg.graph_memory_fraction,
+            gradient_bytes=graph_memory.gradient_bytes(self._model_params, master=self.master is not None),
+        )
+        kept: dict[int, torch.Tensor] = {}
+        for i, (pos, T) in enumerate(plan):
+            tokens = batch.tokens_B_T[pos, :T]
+            routed = None if replay is None else replay[pos, :T]
+            if i == 0 or graph_memory.agreed(budget.admits(tokens.numel()), self.device):  # the first: always
+                with phase("forward"), graph_memory.SavedBytes(self._model_params) as saved:
+                    kept[i] = self._logprobs_with_grad(tokens, routed)
+                budget.record(tokens.numel(), saved.bytes)
+                old_B_T[pos, :T] = kept[i].detach()
+            else:
+                with phase("proximal_forward"), torch.no_grad():
+                    old_B_T[pos, :T] = self._logprobs_with_grad(tokens, routed)
+            if ref_B_T is not None:
+                with phase("reference"), torch.no_grad():
+                    ref_B_T[pos, :T] = self._logprobs_with_grad(tokens, routed, model=self.reference_model)
+        with phase("prepare"):
+            bad = int((batch.loss_mask_B_T & ~torch.isfinite(old_B_T)).sum())
+            if bad:
+                kept.clear()  # the graphs are freed with their outputs
+                self._record_skip(f"{bad} {NONFINITE_PROXIMAL}: batch skipped")
+                return None, [], 1, budget
+            inputs = objectives.ObjectiveInputs.from_train_batch(batch, old_B_T, self._version, ref_B_T)
+            prepared = objectives.prepare(cfg.objective, inputs, terms)
+        metrics = self._optimizer_step(batch, replay, _selected(prepared), plan, kept=kept)
+        if metrics is None:
+            kept.clear()
+            return None, [], 1, budget
+        return prepared, [metrics], 0, budget
+
     def _minibatch_rows(self, batch_size: int) -> list[torch.Tensor | None]:
         """Row indices of every optimizer step of the batch (None = the whole batch, in order).
 
@@ -436,10 +509,13 @@ class MegatronLearner:
         plan: list[tuple[torch.Tensor, int]],
         rows: torch.Tensor | None = None,
         checks: dict[str, torch.Tensor] | None = None,
+        kept: dict[int, torch.Tensor] | None = None,
     ) -> dict[str, float] | None:
         """Forward/backward over ``plan`` (micro-batches of positions) and one AdamW step; None if skipped.
 
-        ``rows`` maps the positions to batch rows (None: the same).
+        ``rows`` maps the positions to batch rows (None: the same). ``kept``: log-probs with their graphs
+        of loss forwards already run, by index into ``plan`` (``_step_on_kept_graphs``); each is used, and
+        dropped, in place of that micro-batch's forward.
         ``micro_prepared(positions, T, logp)`` gives a micro-batch's share of the
         prepared batch from its forward's log-probs ``(b, T)``, or None to skip
         the step (it has recorded why). ``checks``: counts of offending values that
@@ -451,16 +527,18 @@ class MegatronLearner:
         dropped with the step."""
         cfg = self.config
         checks = {} if checks is None else checks
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.master is not None:
-            self.master.zero_grad()
+        kept = {} if kept is None else kept
+        self._drop_gradients()
         micro_metrics = []
         T_full = batch.tokens_B_T.shape[1]
-        for pos, T in plan:
-            batch_rows = pos if rows is None else rows[pos]
-            routed = None if replay is None else replay[batch_rows, :T]
-            with phase("forward"):
-                logp = self._logprobs_with_grad(batch.tokens_B_T[batch_rows, :T], routed)
+        for i, (pos, T) in enumerate(plan):
+            if i in kept:
+                logp = kept.pop(i)
+            else:
+                batch_rows = pos if rows is None else rows[pos]
+                routed = None if replay is None else replay[batch_rows, :T]
+                with phase("forward"):
+                    logp = self._logprobs_with_grad(batch.tokens_B_T[batch_rows, :T], routed)
             with phase("objective"):
                 prepared = micro_prepared(pos, T, logp)
                 if prepared is None:

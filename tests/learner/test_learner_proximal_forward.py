@@ -1,4 +1,7 @@
-"""The proximal forward: dropped where the objective allows (learners.proximal), same step as with it."""
+"""The proximal forward: dropped where the objective allows (learners.proximal), same step as with it.
+
+Under a whole-batch term (M2PO) with several micro-batches the loss forwards run first and keep their
+graphs while memory allows (learners.graph_memory): the same step, without the no-grad forward."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import re
 import pytest
 import torch
 
-from labrl.harness.learners import LearnerConfig, MegatronLearner, OptimizerConfig
+from labrl.harness.learners import LearnerConfig, MegatronLearner, OptimizerConfig, graph_memory
 from labrl.harness.learners.proximal import proximal_forward
 from labrl.harness.objectives import M2PO, OPSM, TIS, IcePop, ObjectiveConfig
 
@@ -17,25 +20,44 @@ ROW_LOCAL = ObjectiveConfig(
     loss="ppo", corrections=[TIS(c=1.2), IcePop(low=0.999, high=1.001), OPSM(delta=1e-4)]
 )
 M2PO_TIGHT = ObjectiveConfig(corrections=[TIS(c=2.0), M2PO(tau=1e-7)])  # masks on the bf16 mismatch
+M2PO_KL = ObjectiveConfig(
+    loss="cispo", corrections=[M2PO(tau=1e-7)], kl_coef=0.1
+)  # the quickstart's, tighter
 
 
 @pytest.mark.parametrize(
-    ("choice", "steps", "micro", "terms", "separate"),
+    ("choice", "steps", "micro", "terms", "fraction", "separate", "keep"),
     [
-        ("auto", 1, 1, (), False),
-        ("auto", 1, 1, ("m2po",), False),  # one micro-batch: the whole batch is in the one forward
-        ("auto", 1, 3, (), False),
-        ("auto", 1, 3, ("m2po",), True),
-        ("auto", 2, 1, (), True),  # several optimizer steps: pi_prox is the batch start
-        ("auto", 3, 4, ("m2po",), True),
-        ("separate", 1, 1, (), True),
-        ("separate", 1, 3, (), True),
+        ("auto", 1, 1, (), 0.5, False, False),
+        (
+            "auto",
+            1,
+            1,
+            ("m2po",),
+            0.5,
+            False,
+            False,
+        ),  # one micro-batch: the whole batch is in the one forward
+        ("auto", 1, 3, (), 0.5, False, False),
+        ("auto", 1, 3, ("m2po",), 0.5, False, True),  # loss forwards first, graphs kept, backward after
+        ("auto", 1, 3, ("m2po",), 0.0, True, False),  # no graph may be kept: the no-grad forward first
+        ("auto", 1, 3, (), 0.0, False, False),  # the fraction matters only under a whole-batch term
+        ("auto", 2, 1, (), 0.5, True, False),  # several optimizer steps: pi_prox is the batch start
+        ("auto", 3, 4, ("m2po",), 0.5, True, False),
+        ("separate", 1, 1, (), 0.5, True, False),
+        ("separate", 1, 3, ("m2po",), 0.5, True, False),
     ],
 )
-def test_the_decision_per_case(choice, steps, micro, terms, separate):
-    got = proximal_forward(choice=choice, optimizer_steps=steps, micro_batches=micro, whole_batch_terms=terms)
-    assert got.separate is separate, got.reason
-    if separate and terms and steps == 1 and choice == "auto":
+def test_the_decision_per_case(choice, steps, micro, terms, fraction, separate, keep):
+    got = proximal_forward(
+        choice=choice,
+        optimizer_steps=steps,
+        micro_batches=micro,
+        whole_batch_terms=terms,
+        graph_memory_fraction=fraction,
+    )
+    assert (got.separate, got.keep_graphs) == (separate, keep), got.reason
+    if terms and steps == 1 and choice == "auto" and micro > 1:
         assert "m2po" in got.reason
 
 
@@ -56,44 +78,73 @@ def count_forwards(learner: MegatronLearner) -> dict[str, int]:
 
 
 @pytest.mark.parametrize(
-    ("kw", "want", "separate"),
+    ("kw", "want", "separate", "kept"),
     [
-        ({"micro_batch_size": 8}, {"policy_grad": 1, "policy_no_grad": 0}, 0.0),
-        ({"micro_batch_size": 8, "objective": M2PO_TIGHT}, {"policy_grad": 1, "policy_no_grad": 0}, 0.0),
-        ({"micro_batch_size": 2}, {"policy_grad": 2, "policy_no_grad": 0}, 0.0),
-        ({"micro_batch_size": 2, "objective": M2PO_TIGHT}, {"policy_grad": 2, "policy_no_grad": 2}, 1.0),
-        ({"micro_batch_size": 8, "minibatches": 2}, {"policy_grad": 2, "policy_no_grad": 1}, 1.0),
-        ({"micro_batch_size": 8, "epochs": 2}, {"policy_grad": 2, "policy_no_grad": 1}, 1.0),
+        ({"micro_batch_size": 8}, {"policy_grad": 1, "policy_no_grad": 0}, 0.0, 0),
+        ({"micro_batch_size": 8, "objective": M2PO_TIGHT}, {"policy_grad": 1, "policy_no_grad": 0}, 0.0, 0),
+        ({"micro_batch_size": 2}, {"policy_grad": 2, "policy_no_grad": 0}, 0.0, 0),
+        ({"micro_batch_size": 2, "objective": M2PO_TIGHT}, {"policy_grad": 2, "policy_no_grad": 0}, 0.0, 2),
+        (
+            {"micro_batch_size": 2, "objective": M2PO_TIGHT, "graph_memory_fraction": 0.0},
+            {"policy_grad": 2, "policy_no_grad": 2},
+            1.0,
+            0,
+        ),
+        (
+            {"micro_batch_size": 2, "objective": M2PO_KL, "reference": "initial"},
+            {"policy_grad": 2, "policy_no_grad": 0, "reference": 2},
+            0.0,
+            2,
+        ),
+        ({"micro_batch_size": 8, "minibatches": 2}, {"policy_grad": 2, "policy_no_grad": 1}, 1.0, 0),
+        ({"micro_batch_size": 8, "epochs": 2}, {"policy_grad": 2, "policy_no_grad": 1}, 1.0, 0),
         (
             {"micro_batch_size": 8, "proximal_forward": "separate"},
             {"policy_grad": 1, "policy_no_grad": 1},
             1.0,
+            0,
         ),
         (
             {"micro_batch_size": 2, "reference": "initial", "objective": ObjectiveConfig(kl_coef=0.1)},
             {"policy_grad": 2, "policy_no_grad": 0, "reference": 2},
             0.0,
+            0,
         ),
     ],
     ids=[
         "one-micro",
         "one-micro-m2po",
         "two-micro",
-        "two-micro-m2po",
+        "two-micro-m2po-kept-graphs",
+        "two-micro-m2po-no-graph-memory",
+        "two-micro-m2po-kl-kept-graphs",  # the quickstart's objective
         "minibatches",
         "epochs",
         "separate",
         "ref",
     ],
 )
-def test_forward_count_per_case(h, kw, want, separate):
+def test_forward_count_per_case(h, kw, want, separate, kept):
     learner = MegatronLearner(LearnerConfig(**kw))
     batch = h.sampled_batch(h.make_sampler(learner, "fp32"), n=4, max_new=8, seed=61)
     counts = count_forwards(learner)
     m = learner.train_step(batch)
     assert m["learner/proximal_forward"] == separate
+    assert m["learner/kept_graphs"] == float(kept)
     assert counts == {"reference": 0} | want
     assert m["learner/optimizer_steps"] == float(kw.get("minibatches", 1) * kw.get("epochs", 1))
+
+
+def test_a_graph_that_does_not_fit_gets_the_no_grad_forward(h, monkeypatch):
+    """Free memory for the first kept graph only: the second micro-batch's pi_prox comes from a no-grad
+    forward and its loss forward runs in the optimizer step, as under the separate forward."""
+    monkeypatch.setattr(graph_memory, "free_memory_bytes", lambda device: 0)
+    learner = MegatronLearner(LearnerConfig(micro_batch_size=2, objective=M2PO_TIGHT))
+    batch = h.sampled_batch(h.make_sampler(learner, "fp32"), n=4, max_new=8, seed=61)
+    counts = count_forwards(learner)
+    m = learner.train_step(batch)
+    assert counts == {"policy_grad": 2, "policy_no_grad": 1, "reference": 0}
+    assert (m["learner/kept_graphs"], m["learner/proximal_forward"]) == (1.0, 0.5)
 
 
 def _step_both_ways(h, **kw) -> tuple[MegatronLearner, MegatronLearner, dict, dict]:
@@ -106,28 +157,45 @@ def _step_both_ways(h, **kw) -> tuple[MegatronLearner, MegatronLearner, dict, di
 
 
 @pytest.mark.parametrize(
-    ("kw", "acting"),
+    ("kw", "acting", "kept"),
     [
-        ({"micro_batch_size": 8, "objective": M2PO_TIGHT}, "m2po/masked_frac"),
-        ({"micro_batch_size": 3, "objective": ROW_LOCAL}, "icepop/masked_frac"),
+        ({"micro_batch_size": 8, "objective": M2PO_TIGHT}, "m2po/masked_frac", 0),
+        ({"micro_batch_size": 3, "objective": M2PO_TIGHT}, "m2po/masked_frac", 3),
+        (
+            {"micro_batch_size": 3, "objective": M2PO_KL, "reference": "initial"},
+            "m2po/masked_frac",
+            3,
+        ),
+        ({"micro_batch_size": 3, "objective": ROW_LOCAL}, "icepop/masked_frac", 0),
         (
             {"micro_batch_size": 3, "length_sorted_micro_batches": True, "objective": ROW_LOCAL},
             "icepop/masked_frac",
+            0,
         ),
         (
             {"micro_batch_size": 3, "reference": "initial", "objective": ObjectiveConfig(kl_coef=0.1)},
             "learner/reference",  # a wrong reference would show in ref_kl (0 in both at the first step)
+            0,
         ),
     ],
-    ids=["one-micro-m2po", "three-micro-row-local", "length-sorted", "reference-kl"],
+    ids=[
+        "one-micro-m2po",
+        "three-micro-m2po-kept-graphs",
+        "three-micro-m2po-kl-kept-graphs",
+        "three-micro-row-local",
+        "length-sorted",
+        "reference-kl",
+    ],
 )
-def test_one_forward_gives_the_two_forward_step(h, kw, acting):
+def test_one_forward_gives_the_two_forward_step(h, kw, acting, kept):
     one, two, m1, m2 = _step_both_ways(h, **kw)
     assert (m1["learner/proximal_forward"], m2["learner/proximal_forward"]) == (0.0, 1.0)
+    assert m1["learner/kept_graphs"] == float(kept)  # three micro-batches of 8 rows, M2PO: every graph kept
     assert m1[acting] > 0  # the correction acts, so a wrong pi_prox would show
     # the behaviour-vs-learner mismatch diagnostic stays, from the same pi_prox
     assert m1["mismatch/kl_k3"] > 0 and m1["mismatch/abs_log_ratio_mean"] > 0
-    timing = {"learner/step_s", "learner/tokens_per_s", "learner/proximal_forward"}
+    timing = {"learner/step_s", "learner/tokens_per_s", "learner/proximal_forward", "learner/kept_graphs"}
+    timing |= {"learner/kept_graph_bytes"}  # the path, not the step
     assert set(m1) == set(m2)
     for key in set(m1) - timing:
         assert m1[key] == pytest.approx(m2[key], rel=1e-5, abs=1e-7), key
