@@ -71,6 +71,7 @@ from attention_sdpa import core_attention_rows, print_rows  # beside this script
 from labrl._warnings import quiet_expected_warnings
 from labrl.harness.learners import LearnerConfig, MegatronLearner
 from labrl.harness.models import MoEModelConfig, get_preset
+from labrl.harness.objectives import M2PO, ObjectiveConfig
 from labrl.harness.rollout.batching import collate
 from labrl.harness.types import Trajectory
 
@@ -193,6 +194,31 @@ def bench_labrl(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, pea
     del learner
     free_cuda()  # the first learner is gone before the second is built
     before, _ = timed_train_step(config.model_copy(update={"proximal_forward": "separate"}), batch, repeats)
+    out["separate_proximal_forward_tokens_per_s"] = B * T / before.seconds
+    out["vs_separate_proximal_forward"] = before.seconds / timing.seconds
+    return out
+
+
+def bench_labrl_m2po(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int, peak, experts: str) -> dict:
+    """``train_step`` under the quickstart configs' objective (CISPO, M2PO, KL to a frozen reference): the
+    loss forwards keep their graphs (``learner.graph_memory_fraction``), against the separate no-grad
+    forward (``learner.graph_memory_fraction=0``) in the same run. Its reference forward makes it no
+    match for the bare rows: its ratio is ``vs_separate_proximal_forward``."""
+    free_cuda()
+    config = LearnerConfig(
+        model=cfg, micro_batch_size=mbs, router_replay=False, precision="bf16", experts=experts,
+        objective=ObjectiveConfig(loss="cispo", corrections=[M2PO(tau=0.04)], kl_coef=0.1), reference="initial",
+    )  # fmt: skip
+    batch = synthetic_batch(cfg, B, T)
+    timing, learner = timed_train_step(config, batch, repeats)
+    kept = learner.train_step(batch)["learner/kept_graphs"]  # the path the timed steps took
+    out = row(f"labrl MegatronLearner.train_step, {EXPERTS[experts]}, M2PO + KL", cfg, B * T, timing, T, peak)
+    out["objective"] = "m2po_kl"
+    out["kept_graphs"] = kept
+    out["micro_batches"] = -(-B // mbs)
+    del learner
+    free_cuda()
+    before, _ = timed_train_step(config.model_copy(update={"graph_memory_fraction": 0.0}), batch, repeats)
     out["separate_proximal_forward_tokens_per_s"] = B * T / before.seconds
     out["vs_separate_proximal_forward"] = before.seconds / timing.seconds
     return out
@@ -454,7 +480,7 @@ def gpu_part(repeats: int, parts: tuple[str, ...] = GPU_PARTS, save=lambda out: 
         benches = [
             (bench_megatron, "sequential"), (bench_labrl, "sequential"), (bench_hf, None),
             (bench_megatron, "grouped_mm"), (bench_labrl, "grouped_mm"), (bench_megatron_unfused, "sequential"),
-            (bench_megatron_master, "grouped_mm"),
+            (bench_megatron_master, "grouped_mm"), (bench_labrl_m2po, "grouped_mm"),
         ]  # fmt: skip
         for bench, experts in benches:
             args = (cfg, B, T, mbs, repeats, peak) + ((experts,) if experts else ())
@@ -477,6 +503,8 @@ def gpu_part(repeats: int, parts: tuple[str, ...] = GPU_PARTS, save=lambda out: 
         }
         same_precision = {r["experts"]: r["tokens_per_s"] for r in rows if r.get("fp32_master")}
         for r in rows:
+            if r.get("objective"):  # another objective: compared with its own separate forward only
+                continue
             if base and "tokens_per_s" in r:
                 r["vs_bare_megatron"] = r["tokens_per_s"] / base
             if r["path"].startswith("labrl") and r.get("experts") in bare:
@@ -719,9 +747,14 @@ def learner_row_line(r: dict) -> str:
     same = f"  same experts x{r['vs_same_experts']:.2f}" if "vs_same_experts" in r else ""
     if "vs_same_precision" in r:
         same += f"  same precision x{r['vs_same_precision']:.2f}"
+    if "vs_separate_proximal_forward" in r:
+        same += f"  vs separate forward x{r['vs_separate_proximal_forward']:.2f}"
+    if "kept_graphs" in r:
+        same += f"  kept graphs {r['kept_graphs']:.0f} of {r['micro_batches']}"
     spread = f" (spread {r['spread']:.0%})" if "spread" in r else ""
+    bare = f"  x{r['vs_bare_megatron']:.2f}" if "vs_bare_megatron" in r else ""
     return (f"{r['path']:55} {r['tokens_per_s']:>10.0f} tok/s{spread} {r['model_tflops']:>7.1f} TFLOP/s "
-            f"MFU {mfu:>6} peak {r['peak_mem_gib']:.1f} GiB  x{r.get('vs_bare_megatron', 0):.2f}{same}")  # fmt: skip
+            f"MFU {mfu:>6} peak {r['peak_mem_gib']:.1f} GiB{bare}{same}")  # fmt: skip
 
 
 def print_gpu_table(res: dict) -> None:

@@ -114,7 +114,8 @@ class LearnerConfig(BaseModel):
     proximal_forward: ProximalForwardChoice = Field(
         default="auto",
         description="auto: with one optimizer step per batch, take the proximal log-probs from the loss forward "
-        "(one micro-batch, or no whole-batch term such as M2PO) | separate: always a no-grad forward first",
+        "(under a whole-batch term such as M2PO with several micro-batches: every loss forward first, its graph "
+        "kept within learner.graph_memory_fraction) | separate: always a no-grad forward first",
     )
     graph_memory_fraction: float = Field(
         default=0.5,
