@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -43,12 +44,31 @@ def sampled_batch(sampler: LocalSampler, n: int = 8, max_new: int = 12, seed: in
     return collate(as_trajectories(reqs, results), pad_token_id=256)
 
 
+def nan_on_call(learner: MegatronLearner, n: int) -> Callable[[], None]:
+    """Make the ``n``-th (1-based) log-prob forward of ``learner`` return NaN; returns what undoes it."""
+    real = learner._logprobs_with_grad
+    calls = [0]
+
+    def forward(tokens, routed, model=None):
+        out = real(tokens, routed, model)
+        calls[0] += 1
+        return out * float("nan") if calls[0] == n else out
+
+    learner._logprobs_with_grad = forward
+
+    def restore() -> None:
+        learner._logprobs_with_grad = real
+
+    return restore
+
+
 class Helpers:
     tiny = TINY
     make_sampler = staticmethod(make_sampler)
     requests = staticmethod(requests)
     as_trajectories = staticmethod(as_trajectories)
     sampled_batch = staticmethod(sampled_batch)
+    nan_on_call = staticmethod(nan_on_call)
 
 
 @pytest.fixture(scope="session")

@@ -235,15 +235,7 @@ def test_a_nan_in_a_kept_forward_skips_the_batch_and_frees_every_graph(h, nan_ca
     learner, batch = _learner_and_batch(h, max_consecutive_skips=2)
     before = learner.export_weights()
     saved = _record_saved(monkeypatch, learner)
-    real = learner._logprobs_with_grad
-    calls = [0]
-
-    def nan_in_one_forward(tokens, routed, model=None):
-        out = real(tokens, routed, model)
-        calls[0] += 1
-        return out * float("nan") if calls[0] == nan_call else out
-
-    learner._logprobs_with_grad = nan_in_one_forward
+    restore = h.nan_on_call(learner, nan_call)
     gc.disable()  # freed by reference counting, not by a collection that may or may not come
     try:
         with caplog.at_level(logging.WARNING, logger="labrl.harness.learners.megatron"):
@@ -259,7 +251,7 @@ def test_a_nan_in_a_kept_forward_skips_the_batch_and_frees_every_graph(h, nan_ca
     assert all(p.grad is None for p in learner.model.parameters())  # no backward ran
     after = learner.export_weights()
     assert all(torch.equal(before[k], after[k]) for k in before)
-    learner._logprobs_with_grad = real
+    restore()
     m = learner.train_step(batch)
     assert m["learner/skipped_steps"] == 0.0 and m["learner/kept_graphs"] == 2.0 and learner.version == 1
 

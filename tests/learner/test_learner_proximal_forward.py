@@ -216,15 +216,7 @@ def test_nan_in_any_micro_batch_skips_the_batch_without_the_separate_forward(h, 
     batch = h.sampled_batch(h.make_sampler(learner, "fp32"), n=4, max_new=8, seed=81)
     before = learner.export_weights()
     counts = count_forwards(learner)
-    real = learner._logprobs_with_grad
-    calls = [0]
-
-    def nan_second_micro_batch(tokens, routed, model=None):
-        out = real(tokens, routed, model)
-        calls[0] += 1
-        return out * float("nan") if calls[0] == nan_call else out
-
-    learner._logprobs_with_grad = nan_second_micro_batch
+    restore = h.nan_on_call(learner, nan_call)
     with caplog.at_level(logging.WARNING, logger="labrl.harness.learners.megatron"):
         m = learner.train_step(batch)
     assert counts["policy_no_grad"] == 0 and counts["policy_grad"] == 2  # the first micro-batch did backward
@@ -241,6 +233,6 @@ def test_nan_in_any_micro_batch_skips_the_batch_without_the_separate_forward(h, 
     assert not learner.optimizer.state
     after = learner.export_weights()
     assert all(torch.equal(before[k], after[k]) for k in before)
-    learner._logprobs_with_grad = real
+    restore()
     m = learner.train_step(batch)
     assert m["learner/skipped_steps"] == 0.0 and learner.version == 1 and learner.consecutive_skips == 0
