@@ -39,9 +39,8 @@ ProximalForwardChoice = Literal["auto", "separate"]
 class ProximalForward:
     separate: bool  # a no-grad forward over the batch before the first backward
     reason: str
-    keep_graphs: bool = (
-        False  # loss forwards first, graphs kept while memory allows, then the backward passes
-    )
+    # loss forwards first, their graphs kept while memory allows, then the backward passes
+    keep_graphs: bool = False
 
 
 def proximal_forward(
