@@ -47,7 +47,7 @@ class SavedBytes:
     """Bytes of the storages autograd saves for backward inside the ``with`` block.
 
     Each storage counts once (a view of a saved tensor adds nothing), and the
-    storages of ``exclude`` (the parameters, which exist anyway) not at all. The
+    storages in ``exclude`` (``storages`` of the parameters, which exist anyway) not at all. The
     pack hook keeps ``t.detach()``: the same storage and version counter, so
     backward reads what it would have, without the tensor's autograd history.
     Keeping ``t`` itself would, for a saved output, make a cycle through
@@ -56,8 +56,8 @@ class SavedBytes:
     freed.
     """
 
-    def __init__(self, exclude: Iterable[torch.Tensor] = ()) -> None:
-        self._seen = {t.untyped_storage().data_ptr() for t in exclude}
+    def __init__(self, exclude: frozenset[int] = frozenset()) -> None:
+        self._seen = set(exclude)
         self.bytes = 0
         self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
 
@@ -84,6 +84,11 @@ class SavedBytes:
 
 def _unpack(t: torch.Tensor) -> torch.Tensor:
     return t
+
+
+def storages(tensors: Iterable[torch.Tensor]) -> frozenset[int]:
+    """The addresses of the storages behind ``tensors`` (what ``SavedBytes`` leaves out)."""
+    return frozenset(t.untyped_storage().data_ptr() for t in tensors)
 
 
 def free_memory_bytes(device: torch.device) -> int:

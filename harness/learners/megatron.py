@@ -174,7 +174,6 @@ class MegatronLearner:
         # TP > 1: each rank routes its sequence slice; routes are gathered/scattered for record/replay
         self.sp = sequence_parallel(enabled=bool(getattr(self.model.config, "sequence_parallel", False)))
         model_params = [p for p in self.model.parameters() if p.requires_grad]
-        self._model_params = model_params
         opt = cfg.optimizer
         # fp32 master weights under bf16 (synced from the model at the first train_step)
         self.optimizer, self.master = adamw_with_precision(
@@ -182,6 +181,9 @@ class MegatronLearner:
         )
         self._masters_synced = False
         self._params = self.master.master_params if self.master is not None else model_params
+        # for kept loss-forward graphs (graph_memory): parameters are updated in place, so both hold
+        self._parameter_storages = graph_memory.storages(model_params)
+        self._gradient_bytes = graph_memory.gradient_bytes(model_params, master=self.master is not None)
         log.info(
             "labrl learner on %s: parameters and compute in %s, %s optimizer (AdamW, %s), %s layer spec",
             self.device,
@@ -448,14 +450,14 @@ class MegatronLearner:
         budget = graph_memory.GraphBudget(
             free_bytes=graph_memory.free_memory_bytes(self.device),
             fraction=cfg.graph_memory_fraction,
-            gradient_bytes=graph_memory.gradient_bytes(self._model_params, master=self.master is not None),
+            gradient_bytes=self._gradient_bytes,
         )
         kept: dict[int, torch.Tensor] = {}
         for i, (pos, T) in enumerate(plan):
             tokens = batch.tokens_B_T[pos, :T]
             routed = None if replay is None else replay[pos, :T]
             if i == 0 or graph_memory.agreed(budget.admits(tokens.numel()), self.device):  # the first: always
-                with phase("forward"), graph_memory.SavedBytes(self._model_params) as saved:
+                with phase("forward"), graph_memory.SavedBytes(self._parameter_storages) as saved:
                     kept[i] = self._logprobs_with_grad(tokens, routed)
                 budget.record(tokens.numel(), saved.bytes)
                 old_B_T[pos, :T] = kept[i].detach()
@@ -473,9 +475,8 @@ class MegatronLearner:
                 return None, [], 1, budget
             inputs = objectives.ObjectiveInputs.from_train_batch(batch, old_B_T, self._version, ref_B_T)
             prepared = objectives.prepare(cfg.objective, inputs, terms)
-        metrics = self._optimizer_step(batch, replay, _selected(prepared), plan, kept=kept)
+        metrics = self._optimizer_step(batch, replay, _selected(prepared), plan, kept=kept)  # uses up `kept`
         if metrics is None:
-            kept.clear()
             return None, [], 1, budget
         return prepared, [metrics], 0, budget
 

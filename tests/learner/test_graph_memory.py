@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from labrl.harness.learners import LearnerConfig, MegatronLearner, graph_memory
-from labrl.harness.learners.graph_memory import GraphBudget, SavedBytes, gradient_bytes, host_free_bytes
+from labrl.harness.learners.graph_memory import (
+    GraphBudget,
+    SavedBytes,
+    gradient_bytes,
+    host_free_bytes,
+    storages,
+)
 from labrl.harness.objectives import M2PO, TIS, ObjectiveConfig
 
 M2PO_TIGHT = ObjectiveConfig(corrections=[TIS(c=2.0), M2PO(tau=1e-7)])
@@ -23,7 +29,7 @@ MEMINFO = "MemTotal:       24000000 kB\nMemFree:         1000000 kB\nMemAvailabl
 def test_saved_bytes_counts_each_saved_storage_once_and_leaves_the_parameters_out():
     w = torch.randn(64, 64, requires_grad=True)
     x = torch.randn(32, 64)
-    with SavedBytes([w]) as saved:
+    with SavedBytes(storages([w])) as saved:
         h = x @ w  # saves x (for w's gradient) and w (excluded)
         e = h.exp()  # saves its output
         y = torch.log_softmax(e, dim=-1)  # saves its output
@@ -36,7 +42,7 @@ def test_saved_bytes_counts_each_saved_storage_once_and_leaves_the_parameters_ou
 
 def test_saved_bytes_sees_nothing_under_no_grad():
     w = torch.randn(16, 16, requires_grad=True)
-    with torch.no_grad(), SavedBytes([w]) as saved:
+    with torch.no_grad(), SavedBytes(storages([w])) as saved:
         (torch.randn(4, 16) @ w).exp()
     assert saved.bytes == 0
 
