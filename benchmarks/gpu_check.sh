@@ -5,7 +5,7 @@
 #   QUICKSTART_SEEDS="0 1 2" bash benchmarks/gpu_check.sh   # + the quickstart on CUDA, per seed
 #   QUICKSTART_TIMEOUT_S=300 ...   # stop each quickstart after 300 s (resumable; its metrics so far are kept)
 #   GPU_LEARNER_BENCH=0 ...        # skip benchmarks/gpu_learner.py and step_profile.py (tests and quickstart only)
-#   GPU_PROFILE=0 ...              # skip benchmarks/step_profile.py (where labrl's step and bare megatron-core's,
+#   GPU_PROFILE=0 ...              # skip benchmarks/step_profile.py and its op count (where labrl's step and bare megatron-core's,
 #                                  # same experts and precision, spend their time; ~1 min)
 #   GPU_LEARNER_TIMEOUT_S=300 ...  # stop the benchmark after 300 s (the rows measured so far are kept)
 #   GPU_LEARNER_PARTS=sampler ...  # only some of its parts: learner,sampler,attention (default all)
@@ -101,6 +101,11 @@ if [ "${GPU_LEARNER_BENCH:-1}" != 0 ]; then  # GPU_LEARNER_BENCH=0: tests and qu
     PYTHONPATH=benchmarks${PYTHONPATH:+:$PYTHONPATH} timeout --signal=INT "${GPU_PROFILE_TIMEOUT_S:-0}" \
       "$PY" benchmarks/step_profile.py --out "$OUT/step_profile.json" 2>&1 |
       tee "$OUT/step_profile.txt" || status=1
+    # the tiny shape's device ops and reads as CUDA dispatches them (megatron-core's .cpu() reads among
+    # them), beside the CPU count in benchmarks/README.md; ~20 s
+    PYTHONPATH=benchmarks${PYTHONPATH:+:$PYTHONPATH} timeout --signal=INT "${GPU_PROFILE_TIMEOUT_S:-0}" \
+      "$PY" benchmarks/step_profile.py --count-ops --shapes tiny --objective both --out "$OUT/op_count.json" 2>&1 |
+      tee "$OUT/op_count.txt" || status=1
   fi
 fi
 

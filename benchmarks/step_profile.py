@@ -18,12 +18,26 @@ step this reports:
 - ``ops``: time per name: device kernels on CUDA, aten ops' self CPU time on CPU (``--device cpu``, a
   smoke run: there the whole step is host time);
 - ``phases_ms`` (labrl's step only): the host time in each of ``train_step``'s named ranges
-  (``labrl/forward``, ``labrl/objective``, ``labrl/backward``, ``labrl/checks``, ``labrl/clip``,
-  ``labrl/optimizer``, ``labrl/prepare``, ...; ``megatron.phase``; ``labrl/objective`` holds the
+  (``labrl/forward``, ``labrl/objective``, ``labrl/backward``, ``labrl/checks`` (the step's one read
+  of its checks, grad norm and metrics), ``labrl/clip``, ``labrl/optimizer``, ``labrl/prepare``, ...;
+  ``megatron.phase``; ``labrl/objective`` holds the
   frozen reference's forward when a KL term needs one), waits for the device included:
   a phase long on the host while the device idles is where a gap is;
 
 then the two paths' ``ops`` differences, largest first (``diff``): what labrl's step adds or saves.
+
+``--count-ops`` counts instead of timing: the device ops of one step of each path (after a warm-up
+step), by op name and, for labrl's step, by phase, with ``--objective quickstart`` also under the
+quickstart configs' objective. A device op is what dispatches a kernel on CUDA, counted with a
+``TorchDispatchMode`` below autograd (backward ops included): every non-view aten op but the
+allocations without a fill (``empty*``), the profiler's range markers, ``scalar_tensor`` (the
+wrapped CPU scalar of ``where(mask, x, 0.0)``: a kernel argument on CUDA, not a launch) and host
+reads (``_local_scalar_dense``, counted apart as ``reads``), leaving out labrl's ``batch_checks``,
+``batch_terms`` and ``upload`` phases (the host copy of the batch). AdamW counts as its fused kernel, as on CUDA. On a
+launch-bound shape (the tiny one: its H200 step times are tens of microseconds per op) the step time
+follows the op count, so this runs on CPU and says what a change saves before a GPU times it:
+
+    .venv/bin/python benchmarks/step_profile.py --count-ops --device cpu --shapes tiny --objective both
 
     python3 benchmarks/step_profile.py                       # on a GPU node: both shapes (~1 min)
     .venv/bin/python benchmarks/step_profile.py --device cpu --shapes tiny --steps 1   # CPU smoke run
@@ -32,23 +46,60 @@ then the two paths' ``ops`` differences, largest first (``diff``): what labrl's 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from unittest import mock
 
 import torch
 from _results import RESULTS  # beside this script
 from gpu_learner import BIG_MODEL, QUICKSTART_MODEL, free_cuda, megatron_step, synthetic_batch
 from torch.autograd import DeviceType
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from labrl._warnings import quiet_expected_warnings
 from labrl.harness.learners import LearnerConfig, MegatronLearner
+from labrl.harness.learners import megatron as megatron_learner
 from labrl.harness.learners.megatron import PHASE_PREFIX
+from labrl.harness.objectives import M2PO, ObjectiveConfig
 
 SHAPES = {"tiny": (QUICKSTART_MODEL, 64, 200, 32), "big": (BIG_MODEL, 16, 2048, 2)}
 HOST_READS = ("aten::_local_scalar_dense", "aten::nonzero")
+# the objectives labrl's step runs under: the learner's default, and the quickstart configs' one
+OBJECTIVES = {
+    "default": {},
+    "quickstart": {
+        "objective": ObjectiveConfig(loss="cispo", corrections=[M2PO(tau=0.04)], kl_coef=0.1),
+        "reference": "initial",
+    },
+}
+NOT_LAUNCHES = frozenset(
+    {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "scalar_tensor",
+     "_record_function_enter_new", "_record_function_exit"}
+)  # fmt: skip
+# ops whose output size is a count of the values: on CUDA the host waits for it
+SIZED_BY_VALUES = frozenset({"nonzero", "masked_select"})
+BOOL_INDEXED = frozenset({"index", "index_put", "index_put_"})  # with a bool mask: a nonzero inside
+
+
+def _to_host(name: str, args: tuple, kwargs: dict) -> bool:
+    """Whether a call copies a device tensor to the host (``.cpu()``, ``.to("cpu")``: a wait on CUDA)."""
+    if name != "_to_copy" or kwargs.get("device") is None or not args:
+        return False
+    return torch.device(kwargs["device"]).type == "cpu" and args[0].device.type != "cpu"
+
+
+def _bool_index(args: tuple) -> bool:
+    """Whether an ``aten.index``/``index_put`` call indexes by a bool mask (its second argument's list)."""
+    indices = args[1] if len(args) > 1 and isinstance(args[1], list | tuple) else ()
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices)
+
+
+HOST_ONLY_PHASES = frozenset({"batch_checks", "batch_terms", "upload"})  # on the host copy of the batch
 
 
 def union_us(spans: Iterable[tuple[float, float]]) -> float:
@@ -139,9 +190,128 @@ def profile(step: Callable[[], object], steps: int, device: torch.device) -> dic
     return summarise(prof.events(), wall, steps, device=device.type)
 
 
-def labrl_step(cfg, B: int, T: int, mbs: int, device: torch.device) -> Callable[[], object]:
-    """labrl's ``train_step`` on ``gpu_learner``'s synthetic batch, bf16 with TorchGroupedMLP experts."""
-    learner = MegatronLearner(
+class DeviceOps(TorchDispatchMode):
+    """Counts the device ops dispatched while active (module docstring), by ``(phase, op name)``, and the
+    host reads; ``HostCopies`` adds what the dispatcher does not see on CPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[tuple[str, str]] = Counter()
+        self.reads: Counter[str] = Counter()  # by phase
+        self.phases = ["step"]  # labrl's named ranges, innermost last; "step" outside any
+
+    @property
+    def on_device(self) -> bool:
+        return self.phases[-1] not in HOST_ONLY_PHASES
+
+    def read(self) -> None:
+        if self.on_device:
+            self.reads[self.phases[-1]] += 1
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name == "_local_scalar_dense" or _to_host(name, args, kwargs or {}):
+            self.read()
+        elif not func.is_view and name not in NOT_LAUNCHES and self.on_device:
+            self.ops[(self.phases[-1], name)] += 1
+            if name in SIZED_BY_VALUES or (name in BOOL_INDEXED and _bool_index(args)):
+                self.read()
+        return func(*args, **(kwargs or {}))
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Stands in for ``megatron.phase`` while counting, so each op is booked to labrl's range."""
+        self.phases.append(name)
+        try:
+            yield
+        finally:
+            self.phases.pop()
+
+
+class HostCopies(TorchFunctionMode):
+    """What a CPU run's dispatcher does not show of a CUDA step: ``Tensor.tolist`` (a device-to-host copy
+    and a wait there) as a read, and ``torch.tensor(data, device=...)`` on the step's device (a
+    host-to-device copy) as an op, ``copy (host to device)``."""
+
+    def __init__(self, ops: DeviceOps, device: torch.device) -> None:
+        super().__init__()
+        self.counter = ops
+        self.device = device
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.counter.on_device:
+            if func is torch.Tensor.tolist:
+                self.counter.read()
+            elif func in (torch.tensor, torch.as_tensor) and kwargs.get("device") is not None:
+                if torch.device(kwargs["device"]).type == self.device.type:
+                    self.counter.ops[(self.counter.phases[-1], "copy (host to device)")] += 1
+        return func(*args, **kwargs)
+
+
+def count_ops(step: Callable[[], object], device: torch.device) -> dict:
+    """The device ops of one ``step`` (after a warm-up step): total, by phase and by op name."""
+    step()
+    counter = DeviceOps()
+    with mock.patch.object(megatron_learner, "phase", counter.phase), HostCopies(counter, device), counter:
+        step()
+    by_phase: Counter[str] = Counter()
+    by_op: Counter[str] = Counter()
+    in_phase: dict[str, Counter[str]] = defaultdict(Counter)
+    for (phase_name, op), n in counter.ops.items():
+        by_phase[phase_name] += n
+        by_op[op] += n
+        in_phase[phase_name][op] += n
+    return {
+        "ops": sum(by_op.values()),
+        "reads": sum(counter.reads.values()),
+        "reads_by_phase": dict(counter.reads.most_common()),
+        "by_phase": dict(by_phase.most_common()),
+        "by_op": dict(by_op.most_common()),
+        "by_phase_and_op": {p: dict(in_phase[p].most_common()) for p in by_phase},
+    }
+
+
+@contextlib.contextmanager
+def fused_adamw() -> Iterator[None]:
+    """AdamW as its fused kernel on any device, as labrl picks it on CUDA (``device.adamw_kernel``)."""
+    from labrl.harness.models import device as dev
+
+    with mock.patch.object(dev, "adamw_kernel", lambda device: "fused"):
+        yield
+
+
+def count_shape(name: str, objectives: list[str], device: torch.device) -> dict:
+    """``count_ops`` of bare megatron-core's step and of labrl's under each of ``objectives``."""
+    cfg, B, T, mbs = SHAPES[name]
+    out: dict = {"shape": cfg.name, "B": B, "T": T, "micro_batch": mbs}
+    with fused_adamw():
+        step = megatron_step(cfg, B, T, mbs, "grouped_mm", fp32_master=True, device=device)[0]
+        out["bare_fp32_master"] = count_ops(step, device)
+        for objective in objectives:
+            learner_step = labrl_step(cfg, B, T, mbs, device, **OBJECTIVES[objective])
+            out[f"labrl_{objective}"] = count_ops(learner_step, device)
+    return out
+
+
+def print_counts(res: dict) -> None:
+    bare = res["bare_fp32_master"]["ops"]
+    print(f"\n{res['shape']}: B={res['B']} T={res['T']} micro-batch {res['micro_batch']}, device ops a step")
+    print(f"{'path':22} {'ops':>6} {'reads':>6} {'bare/path':>10}  by phase")
+    for key, r in res.items():
+        if isinstance(r, dict):
+            phases = (
+                ", ".join(f"{p} {n}" for p, n in r["by_phase"].items()) if key != "bare_fp32_master" else ""
+            )
+            print(f"{key:22} {r['ops']:6d} {r['reads']:6d} {bare / r['ops']:10.2f}  {phases}")
+
+
+def labrl_step(
+    cfg, B: int, T: int, mbs: int, device: torch.device, **learner: object
+) -> Callable[[], object]:
+    """labrl's ``train_step`` on ``gpu_learner``'s synthetic batch, bf16 with TorchGroupedMLP experts;
+    ``learner``: further ``LearnerConfig`` fields (an objective, a reference)."""
+    learner_model = MegatronLearner(
         LearnerConfig(
             model=cfg,
             micro_batch_size=mbs,
@@ -149,10 +319,11 @@ def labrl_step(cfg, B: int, T: int, mbs: int, device: torch.device) -> Callable[
             precision="bf16",
             experts="grouped_mm",
             device=str(device),
+            **learner,  # type: ignore[arg-type]
         )
     )
     batch = synthetic_batch(cfg, B, T)
-    return lambda: learner.train_step(batch)
+    return lambda: learner_model.train_step(batch)
 
 
 def profile_shape(name: str, steps: int, device: torch.device, save: Callable[[dict], None]) -> dict:
@@ -203,7 +374,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default="big,tiny", help=f"which of {','.join(SHAPES)}")
     ap.add_argument("--steps", type=int, default=2, help="profiled steps per path, after one warm-up")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--count-ops", action="store_true", help="count each path's device ops, do not time them")
+    ap.add_argument(
+        "--objective",
+        default="default",
+        help=f"--count-ops: labrl's objective, {', '.join(OBJECTIVES)} or both",
+    )
     args = ap.parse_args(argv)
+    objectives = list(OBJECTIVES) if args.objective == "both" else [args.objective]
+    if unknown := set(objectives) - set(OBJECTIVES):
+        ap.error(f"--objective: unknown {sorted(unknown)}; choose from {', '.join(OBJECTIVES)} or both")
     shapes = [s for s in args.shapes.split(",") if s]
     if unknown := set(shapes) - set(SHAPES):
         ap.error(f"--shapes: unknown {sorted(unknown)}; choose from {','.join(SHAPES)}")
@@ -214,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
         print("step_profile: no CUDA device here (--device cpu for the smoke run)")
         return 0
     quiet_expected_warnings()
-    out_path = args.out or RESULTS / f"step_profile_{device.type}.json"
+    kind = "op_count" if args.count_ops else "step_profile"
+    out_path = args.out or RESULTS / f"{kind}_{device.type}.json"
     out_path.parent.mkdir(parents=True, exist_ok=True)
     result: dict = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -229,7 +410,12 @@ def main(argv: list[str] | None = None) -> int:
         out_path.write_text(json.dumps(result, indent=1))
 
     for name in shapes:
-        print_shape(profile_shape(name, args.steps, device, save))
+        if args.count_ops:
+            counts = count_shape(name, objectives, device)
+            save(counts)
+            print_counts(counts)
+        else:
+            print_shape(profile_shape(name, args.steps, device, save))
     print(f"wrote {out_path}")
     return 0
 

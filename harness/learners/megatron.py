@@ -99,7 +99,7 @@ from labrl.harness.learners.model_parallel import gather_full_state, sequence_pa
 from labrl.harness.learners.precision import adamw_with_precision
 from labrl.harness.learners.proximal import proximal_forward
 from labrl.harness.models import device as dev
-from labrl.harness.models.build import build_gpt_model, causal_attention_mask, count_parameters, spec_choice
+from labrl.harness.models.build import CausalInputs, build_gpt_model, count_parameters, spec_choice
 from labrl.harness.models.routing import (
     from_megatron_layout,
     model_router_replays,
@@ -137,15 +137,23 @@ def _tally(checks: dict[str, torch.Tensor], what: str, offending: torch.Tensor) 
     checks[what] = checks[what] + count if what in checks else count
 
 
-def _failures(checks: dict[str, torch.Tensor]) -> str | None:
+def _failures(counts: dict[str, float]) -> str | None:
     """Every check whose count is not 0, as ``"<count> <what>"`` joined by ``"; "`` (the proximal
-    log-probs' first: a cause, where a non-finite loss may be its effect), None if none; every count
-    read in one host copy."""
-    if not checks:
-        return None
-    counts = dict(zip(checks, torch.stack(list(checks.values())).tolist(), strict=True))
+    log-probs' first: a cause, where a non-finite loss may be its effect), None if none."""
     order = sorted(counts, key=lambda what: what != NONFINITE_PROXIMAL)
     return "; ".join(f"{int(counts[what])} {what}" for what in order if counts[what]) or None
+
+
+def _read_step(
+    checks: dict[str, torch.Tensor], norm_squared: torch.Tensor, summed: objectives.DeviceMetrics
+) -> tuple[str | None, float, dict[str, float]]:
+    """The step's checks (``_failures``), gradient norm and summed micro-batch metrics, read from the
+    device in one host copy: the optimizer step's only wait for the device."""
+    head = [c.double().reshape(1) for c in checks.values()] + [norm_squared.double().sqrt().reshape(1)]
+    values = torch.cat([*head, summed.vector]).tolist()
+    counts = dict(zip(checks, values[: len(checks)], strict=True))
+    metrics = dict(zip(summed.names, values[len(checks) + 1 :], strict=True))
+    return _failures(counts), values[len(checks)], metrics
 
 
 class MegatronLearner:
@@ -173,6 +181,7 @@ class MegatronLearner:
         self.model.train()
         # TP > 1: each rank routes its sequence slice; routes are gathered/scattered for record/replay
         self.sp = sequence_parallel(enabled=bool(getattr(self.model.config, "sequence_parallel", False)))
+        self._causal = CausalInputs(self.device)  # position ids and causal masks, made once per length
         model_params = [p for p in self.model.parameters() if p.requires_grad]
         opt = cfg.optimizer
         # fp32 master weights under bf16 (synced from the model at the first train_step)
@@ -243,11 +252,12 @@ class MegatronLearner:
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         cfg = self.config
         started = time.perf_counter()
-        self._check_batch(batch)  # on the host, before the one copy to the device
-        tokens = int(batch.attention_mask_B_T.sum())
-        order, spans = micro_batches(
-            batch.attention_mask_B_T, cfg.micro_batch_size, sort_by_length=cfg.length_sorted_micro_batches
-        )
+        with phase("batch_checks"):  # on the host copy, before the one copy to the device
+            self._check_batch(batch)
+            tokens = int(batch.attention_mask_B_T.sum())
+            order, spans = micro_batches(
+                batch.attention_mask_B_T, cfg.micro_batch_size, sort_by_length=cfg.length_sorted_micro_batches
+            )
         # what the objective computes from the batch alone, on the host copy: no launch, no device wait
         with phase("batch_terms"):
             terms = objectives.batch_terms(
@@ -336,12 +346,12 @@ class MegatronLearner:
                 batch.tokens_B_T, replay, plan, with_reference=with_reference
             )
         with phase("prepare"):
-            bad = int((batch.loss_mask_B_T & ~torch.isfinite(old_B_T)).sum())
+            bad = int((batch.loss_mask_B_T & objectives.nonfinite(old_B_T)).sum())
             if bad:
                 self._record_skip(f"{bad} {NONFINITE_PROXIMAL}: batch skipped")
                 return None, [], 1
             inputs = objectives.ObjectiveInputs.from_train_batch(batch, old_B_T, self._version, ref_B_T)
-            prepared = objectives.prepare(cfg.objective, inputs, terms)
+            prepared = objectives.prepare(cfg.objective, inputs, terms, values_checked=True)
         step_metrics: list[dict[str, float]] = []
         skipped = 0
         for rows in self._minibatch_rows(batch.batch_size):
@@ -400,12 +410,12 @@ class MegatronLearner:
             old_B_T[pos, :T] = logp.detach()
             filled += 1
             if not several:  # one micro-batch: prepare validates every row, so check before it
-                nonfinite = batch.loss_mask_B_T[pos, :T] & ~torch.isfinite(old_B_T[pos, :T])
-                if bad := int(nonfinite.sum()):
+                offending = batch.loss_mask_B_T[pos, :T] & objectives.nonfinite(old_B_T[pos, :T])
+                if bad := int(offending.sum()):
                     self._record_skip(f"{bad} {NONFINITE_PROXIMAL}: batch skipped")
                     return None
             elif filled == len(plan):  # every row's pi_prox is in (columns past T_mb stay 0: finite)
-                _tally(checks, NONFINITE_PROXIMAL, batch.loss_mask_B_T & ~torch.isfinite(old_B_T))
+                _tally(checks, NONFINITE_PROXIMAL, batch.loss_mask_B_T & objectives.nonfinite(old_B_T))
             if ref_B_T is not None:
                 routed = None if replay is None else replay[pos, :T]
                 with torch.no_grad():
@@ -413,7 +423,7 @@ class MegatronLearner:
                         batch.tokens_B_T[pos, :T], routed, model=self.reference_model
                     )
             if not several:  # every row's pi_prox is known: whole-batch terms (M2PO) included
-                whole.append(objectives.prepare(cfg.objective, inputs, terms))
+                whole.append(objectives.prepare(cfg.objective, inputs, terms, values_checked=True))
                 return whole[0].select(pos)
             return objectives.prepare_rows(cfg.objective, inputs, pos, terms)
 
@@ -424,7 +434,7 @@ class MegatronLearner:
         if whole:
             return whole[0], [metrics], 0
         with phase("prepare"):  # the batch's diagnostics, once every micro-batch's pi_prox is known
-            return objectives.prepare(cfg.objective, inputs, terms), [metrics], 0
+            return objectives.prepare(cfg.objective, inputs, terms, values_checked=True), [metrics], 0
 
     def _step_on_kept_graphs(
         self,
@@ -468,13 +478,13 @@ class MegatronLearner:
                 with phase("reference"), torch.no_grad():
                     ref_B_T[pos, :T] = self._logprobs_with_grad(tokens, routed, model=self.reference_model)
         with phase("prepare"):
-            bad = int((batch.loss_mask_B_T & ~torch.isfinite(old_B_T)).sum())
+            bad = int((batch.loss_mask_B_T & objectives.nonfinite(old_B_T)).sum())
             if bad:
                 kept.clear()  # the graphs are freed with their outputs
                 self._record_skip(f"{bad} {NONFINITE_PROXIMAL}: batch skipped")
                 return None, [], 1, budget
             inputs = objectives.ObjectiveInputs.from_train_batch(batch, old_B_T, self._version, ref_B_T)
-            prepared = objectives.prepare(cfg.objective, inputs, terms)
+            prepared = objectives.prepare(cfg.objective, inputs, terms, values_checked=True)
         metrics = self._optimizer_step(batch, replay, _selected(prepared), plan, kept=kept)  # uses up `kept`
         if metrics is None:
             return None, [], 1, budget
@@ -531,6 +541,7 @@ class MegatronLearner:
         kept = {} if kept is None else kept
         self._drop_gradients()
         micro_metrics = []
+        losses = []
         T_full = batch.tokens_B_T.shape[1]
         for i, (pos, T) in enumerate(plan):
             if i in kept:
@@ -547,34 +558,36 @@ class MegatronLearner:
                     return None
                 logp = torch.nn.functional.pad(logp, (0, T_full - T))  # cut columns are padding: log-prob 0
                 loss, metrics = objectives.policy_loss(cfg.objective, logp, prepared, device_metrics=True)
-                _tally(checks, NONFINITE_LOSS, ~torch.isfinite(loss))
             with phase("backward"):
                 loss.backward()
                 if self.master is not None:
                     self.master.accumulate_grads()
             micro_metrics.append(metrics)
-        with phase("checks"):
-            failed = _failures(checks)
+            losses.append(loss.detach())
+        assert prepared is not None  # the last micro-batch's share: its batch metrics are left out
+        with phase("checks"):  # counted on the device, then read with the grad norm and the metrics
+            _tally(checks, NONFINITE_LOSS, objectives.nonfinite(torch.stack(losses)))
+            norm_squared = self._grad_norm_squared()
+            summed = objectives.sum_metrics(micro_metrics)
+            assert isinstance(summed, objectives.DeviceMetrics)  # policy_loss(device_metrics=True)'s
+            failed, grad_norm, step_metrics = _read_step(checks, norm_squared, summed)
         if failed:
             self._drop_gradients()
             self._record_skip(f"{failed} at step {self.step}: optimizer step skipped")
             return None
-        with phase("clip"):
-            grad_norm = self._clip_gradients()
         if not math.isfinite(grad_norm):
             self._drop_gradients()
             self._record_skip(f"non-finite gradient norm at step {self.step}")
             return None
+        with phase("clip"):
+            self._clip_gradients(grad_norm)
         with phase("optimizer"):
             self.optimizer.step()
             if self.master is not None:
                 self.master.copy_to_model()
         self.optimizer_steps += 1
         self.consecutive_skips = 0
-        assert prepared is not None  # the last micro-batch's share: its batch metrics are left out
-        with phase("metrics"):
-            summed = objectives.combine_metrics(prepared, micro_metrics)
-        out = {k: v for k, v in summed.items() if k not in prepared.metrics}
+        out = {k: v for k, v in step_metrics.items() if k not in prepared.metrics}
         out["learner/grad_norm"] = grad_norm
         return out
 
@@ -782,12 +795,9 @@ class MegatronLearner:
         return torch.cat(out, dim=0).to(source_device)
 
     def _logits(self, tokens_B_T: torch.Tensor, model: torch.nn.Module | None = None) -> torch.Tensor:
-        B, T = tokens_B_T.shape
-        positions = torch.arange(T, device=self.device).expand(B, T)
+        positions, mask = self._causal(*tokens_B_T.shape)
         return (model if model is not None else self.model)(
-            input_ids=tokens_B_T,
-            position_ids=positions,
-            attention_mask=causal_attention_mask(T, device=self.device),
+            input_ids=tokens_B_T, position_ids=positions, attention_mask=mask
         )
 
     def _logprobs_with_grad(
@@ -814,19 +824,21 @@ class MegatronLearner:
     def _lr_factor(self, step: int) -> float:
         return self.config.optimizer.lr_factor(step)
 
-    def _clip_gradients(self) -> float:
-        """Global L2 grad norm over the model-parallel ranks; scale grads to ``grad_clip``.
+    def _grad_norm_squared(self) -> torch.Tensor:
+        """Squared global L2 grad norm over the model-parallel ranks, on the device (float64, no host read).
 
         Tensor-parallel duplicates (norm weights) are counted once; dense
         parameters reduce over the model-parallel group, expert parameters
-        (``allreduce=False``) over the expert-model-parallel group. The norm
-        is summed on the device and read once: one host sync per step.
+        (``allreduce=False``) over the expert-model-parallel group. Every rank
+        runs the reductions before any reads the result, so a rank that then
+        skips the step has not left another waiting in one.
         """
         from megatron.core import parallel_state
         from megatron.core.tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
 
-        grads = [p for p in self._params if p.grad is not None]
-        counted = [p for p in grads if param_is_not_tensor_parallel_duplicate(p)]
+        counted = [
+            p for p in self._params if p.grad is not None and param_is_not_tensor_parallel_duplicate(p)
+        ]
 
         def sum_of_squares(params: list[torch.Tensor]) -> torch.Tensor:
             if not params:
@@ -836,20 +848,22 @@ class MegatronLearner:
             norms = torch._foreach_norm([p.grad.detach() for p in params], 2, dtype=torch.float64)
             return torch.stack(norms).square().sum()
 
+        if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
+            return sum_of_squares(counted)  # one process: nothing to reduce, one sum for every gradient
         dense = sum_of_squares([p for p in counted if getattr(p, "allreduce", True)])
         expert = sum_of_squares([p for p in counted if not getattr(p, "allreduce", True)])
-        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-            torch.distributed.all_reduce(dense, group=parallel_state.get_model_parallel_group())
-            torch.distributed.all_reduce(
-                expert, group=parallel_state.get_expert_tensor_model_pipeline_parallel_group()
-            )
-        norm = float((dense + expert).sqrt())
-        if not math.isfinite(norm):
-            return norm  # the caller skips this step
+        torch.distributed.all_reduce(dense, group=parallel_state.get_model_parallel_group())
+        torch.distributed.all_reduce(
+            expert, group=parallel_state.get_expert_tensor_model_pipeline_parallel_group()
+        )
+        return dense + expert
+
+    def _clip_gradients(self, norm: float) -> None:
+        """Scale the gradients to ``optimizer.grad_clip`` when the global norm (``_grad_norm_squared``,
+        read) exceeds it."""
         clip = self.config.optimizer.grad_clip
         if clip is not None and norm > clip:
-            torch._foreach_mul_([p.grad for p in grads], clip / (norm + 1e-6))
-        return norm
+            torch._foreach_mul_([p.grad for p in self._params if p.grad is not None], clip / (norm + 1e-6))
 
     def _check_batch(self, batch: TrainBatch) -> None:
         B, T = batch.tokens_B_T.shape

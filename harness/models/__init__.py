@@ -1,6 +1,7 @@
 """Model presets and megatron-core model construction (CPU and GPU)."""
 
 from labrl.harness.models.build import (
+    CausalInputs,
     build_gpt_model,
     causal_attention_mask,
     count_parameters,
@@ -10,6 +11,7 @@ from labrl.harness.models.config import PRESETS, MoEModelConfig, ParallelConfig,
 
 __all__ = [
     "PRESETS",
+    "CausalInputs",
     "MoEModelConfig",
     "ParallelConfig",
     "Precision",

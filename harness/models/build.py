@@ -251,3 +251,29 @@ def causal_attention_mask(num_tokens: int, device: torch.device | str = "cpu") -
     """
     mask = torch.triu(torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=device), diagonal=1)
     return mark_causal(mask[None, None])
+
+
+class CausalInputs:
+    """A forward's position ids ``(B, T)`` and causal mask ``[1, 1, T, T]`` for rows of T tokens, made on
+    the device once, not three launches a forward (``arange``, ``ones``, ``triu``).
+
+    Every T's are views of the largest made so far: the top-left ``T x T`` block of a causal mask is
+    the causal mask of T tokens, so memory is one mask of the longest rows (T^2 bytes), rebuilt when
+    longer rows come. Each T's mask view is one object, marked causal (``mark_causal``) like
+    ``causal_attention_mask``'s."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._positions = torch.empty(0, dtype=torch.long, device=device)
+        self._mask = torch.empty(1, 1, 0, 0, dtype=torch.bool, device=device)
+        self._views: dict[int, torch.Tensor] = {}
+
+    def __call__(self, batch_size: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if num_tokens > self._positions.numel():
+            self._positions = torch.arange(num_tokens, device=self.device)
+            self._mask = causal_attention_mask(num_tokens, device=self.device)
+            self._views = {}
+        mask = self._views.get(num_tokens)
+        if mask is None:
+            mask = self._views[num_tokens] = mark_causal(self._mask[..., :num_tokens, :num_tokens])
+        return self._positions[:num_tokens].expand(batch_size, num_tokens), mask

@@ -48,14 +48,19 @@ def global_denominator(
     )
 
 
-def aggregate(kind: str, loss_B_T: torch.Tensor, valid_B_T: torch.Tensor, denominator: float) -> torch.Tensor:
-    """Scalar ``sum(numerator) / denominator``; invalid tokens contribute exactly 0 (even if they hold inf/nan)."""
-    masked = torch.where(valid_B_T, loss_B_T, 0.0)
+def aggregate(
+    kind: str, loss_B_T: torch.Tensor, valid_B_T: torch.Tensor, denominator: float, *, masked: bool = False
+) -> torch.Tensor:
+    """Scalar ``sum(numerator) / denominator``; invalid tokens contribute exactly 0 (even if they hold inf/nan).
+
+    ``masked``: ``loss_B_T`` is already 0 off ``valid_B_T`` (a loss masked to a subset of it), so the
+    mask is not applied again."""
+    masked_loss = loss_B_T if masked else torch.where(valid_B_T, loss_B_T, 0.0)
     if kind == "seq_mean_token_mean":
         n_B = valid_B_T.sum(dim=1).clamp(min=1)
-        return (masked.sum(dim=1) / n_B).sum() / denominator
+        return (masked_loss.sum(dim=1) / n_B).sum() / denominator
     if kind in ("token_mean", "seq_sum_constant"):
-        return masked.sum() / denominator
+        return masked_loss.sum() / denominator
     raise ConfigError(
         f"aggregation must be token_mean, seq_mean_token_mean or seq_sum_constant (got {kind!r})"
     )

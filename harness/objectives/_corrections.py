@@ -107,8 +107,8 @@ class M2POResult(NamedTuple):
     keep_B_T: torch.Tensor  # bool: the input keep mask minus the M2PO-masked tokens
     masked_B_T: torch.Tensor  # bool: tokens M2PO removed
     active_B_T: torch.Tensor  # bool: kept tokens in the active quadrants (before masking)
-    second_moment_before: float  # mean l^2 over the active tokens
-    second_moment_after: float  # mean l^2 over the active tokens still kept (0 if none)
+    second_moment_before: torch.Tensor  # 0-d float64: mean l^2 over the active tokens
+    second_moment_after: torch.Tensor  # 0-d float64: mean l^2 over the active tokens still kept (0 if none)
 
 
 def m2po_mask(
@@ -125,22 +125,28 @@ def m2po_mask(
     non-increasing and the bound always holds afterwards. Inactive tokens (zero
     advantage, or a ratio moving the loss toward the trust region) are never
     masked. Computed in float64.
+
+    On the device throughout, with no host read: every token is sorted, the
+    inactive ones last (a key of -1 below any square), so ``n``, ``S = P_n`` and
+    ``k`` stay device values, and ``k`` is the first position where the bound
+    holds (``M2_n = 0``: one always does). The active tokens' order and prefix
+    sums are those of sorting them alone, so the mask is the same.
     """
     active = keep_B_T & (((adv_B_T > 0) & (log_w_B_T > 0)) | ((adv_B_T < 0) & (log_w_B_T < 0)))  # (B, T)
-    idx = active.flatten().nonzero().squeeze(1)  # flat positions of active tokens
-    vals = log_w_B_T.double().square().flatten()[idx]
-    n = vals.numel()
-    before = float(vals.mean()) if n else 0.0
-    none = torch.zeros_like(keep_B_T)
-    if before <= tau:
-        return M2POResult(keep_B_T, none, active, before, before)
-    vals_desc, order = torch.sort(vals, descending=True, stable=True)
-    prefix = torch.cat([vals.new_zeros(1), vals_desc.cumsum(0)])  # P_0 .. P_n
-    remaining = n - torch.arange(n + 1, dtype=torch.float64, device=vals.device)
-    m2_k = torch.where(remaining > 0, (prefix[-1] - prefix) / remaining.clamp(min=1), 0.0)
+    flat_active = active.flatten()
+    squares = log_w_B_T.double().square().flatten()
+    desc, order = torch.sort(torch.where(flat_active, squares, -1.0), descending=True, stable=True)
+    num = desc.numel()
+    n = flat_active.sum()  # 0-d int64 on the device
+    prefix = torch.cat([desc.new_zeros(1), desc.clamp(min=0).cumsum(0)])  # P_0 .. P_num (inactive: + 0)
+    total = prefix.index_select(0, n.reshape(1))  # S = P_n
+    remaining = n - torch.arange(num + 1, dtype=torch.float64, device=desc.device)
+    m2_k = torch.where(remaining > 0, (total - prefix) / remaining.clamp(min=1), 0.0)
     # Tolerance for round-off in the prefix sums when a k fits tau exactly.
-    k = int((m2_k <= tau * (1 + 1e-12)).nonzero()[0].item())
-    masked_flat = torch.zeros(keep_B_T.numel(), dtype=torch.bool, device=keep_B_T.device)
-    masked_flat[idx[order[:k]]] = True
+    k = (m2_k <= tau * (1 + 1e-12)).to(torch.uint8).argmax()  # the first k that fits
+    ranks = torch.arange(num, device=desc.device)
+    masked_flat = torch.zeros(num, dtype=torch.bool, device=desc.device).scatter(0, order, ranks < k)
     masked = masked_flat.view_as(keep_B_T)
-    return M2POResult(keep_B_T & ~masked, masked, active, before, float(m2_k[k]))
+    return M2POResult(
+        keep_B_T & ~masked, masked, active, m2_k[0], m2_k.index_select(0, k.reshape(1)).reshape(())
+    )

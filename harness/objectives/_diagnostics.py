@@ -11,6 +11,11 @@ Over the valid tokens, with ``l_t = log w_t = logp_old_t - logp_mu_t``:
 
 Statistics that need at least one token are omitted when there is none (the
 ``tokens/valid`` count says why), so every value returned is finite.
+
+``prepare`` takes the behaviour statistics with ``behaviour_diagnostics`` on the device: means as masked
+sums over the known count of valid tokens, order statistics from one sort of the whole (B, T) ratio
+with the invalid tokens sorted last, so no boolean indexing waits for the device, and the values
+join the step's other metrics in one host read (``MetricSums``).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import math
 import torch
 
 from ._kl import kl_estimate
+from ._metrics import MetricSums
 
 RATIO_QUANTILES = (0.01, 0.1, 0.5, 0.9, 0.99)
 STALENESS_BUCKETS = ((0, 0), (1, 1), (2, 3), (4, 7), (8, 15), (16, 31), (32, 63), (64, 127), (128, 255))
@@ -30,17 +36,46 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 
 def mismatch_kl(log_w_B_T: torch.Tensor, valid_B_T: torch.Tensor) -> dict[str, float]:
     """Mean k1 / k2 / k3 of KL(mu || pi_old) over valid tokens (samples from mu, ``l = log w``), one host read."""
-    lw = log_w_B_T[valid_B_T].double()
-    if lw.numel() == 0:
+    n = int(valid_B_T.sum())
+    if n == 0:
         return {}
-    zero = lw.new_zeros(())  # log-prob of the sampling policy relative to itself
-    means = torch.stack([kl_estimate(zero, lw, k, clamp=math.inf).mean() for k in KL_ESTIMATORS]).tolist()
-    return {f"mismatch/kl_{k}": v for k, v in zip(KL_ESTIMATORS, means, strict=True)}
+    sums = MetricSums(valid_B_T)
+    _mismatch_kl(sums, log_w_B_T.double(), n)
+    return sums.build().to_host()
 
 
-def _log_ess(lw: torch.Tensor) -> torch.Tensor:
-    """``log((sum w)^2 / (n sum w^2))`` of the log-weights ``lw`` (1-D, non-empty), as a 0-d tensor."""
-    return 2 * torch.logsumexp(lw, 0) - math.log(lw.numel()) - torch.logsumexp(2 * lw, 0)
+def _mismatch_kl(sums: MetricSums, lw_B_T: torch.Tensor, n_valid: int) -> None:
+    zero = lw_B_T.new_zeros(())  # log-prob of the sampling policy relative to itself
+    for k in KL_ESTIMATORS:
+        sums.mean(f"mismatch/kl_{k}", kl_estimate(zero, lw_B_T, k, clamp=math.inf), n_valid)
+
+
+def behaviour_diagnostics(
+    sums: MetricSums, log_w_B_T: torch.Tensor, valid_B_T: torch.Tensor, n_valid: int
+) -> None:
+    """Add to ``sums`` (over ``valid_B_T``) the behaviour-to-proximal statistics of ``prepare``: the
+    mismatch KLs, ``mismatch/abs_log_ratio_mean``, the ratio's quantiles, min, max and mean, and the
+    ESS; ``n_valid`` is ``valid_B_T``'s count (known on the host), and with none only the mean
+    ``|log w|`` (0). No host read: ``sums.build()`` holds them all."""
+    sums.mean("mismatch/abs_log_ratio_mean", log_w_B_T.abs(), n_valid)
+    if n_valid == 0:
+        return
+    lw = log_w_B_T.double()
+    _mismatch_kl(sums, lw, n_valid)
+    w = torch.exp(lw)
+    sums.mean("ratio/mean", w, n_valid)
+    # the valid tokens' ratios sorted first: order statistic i of them is position i
+    ranked = torch.where(valid_B_T, w, math.inf).flatten().sort().values
+    names = (*(f"ratio/q{round(q * 100):02d}" for q in RATIO_QUANTILES), "ratio/min", "ratio/max")
+    sums.values(names, _quantiles_of_ranked(ranked, n_valid, (*RATIO_QUANTILES, 0.0, 1.0)))
+    sums.value("mismatch/ess", torch.exp(_log_ess(torch.where(valid_B_T, lw, -math.inf).flatten(), n_valid)))
+
+
+def _log_ess(lw: torch.Tensor, n: int | None = None) -> torch.Tensor:
+    """``log((sum w)^2 / (n sum w^2))`` of the log-weights ``lw`` (1-D, non-empty), as a 0-d tensor;
+    ``n`` (default ``lw.numel()``) counts the weights when ``lw`` also holds ``-inf``s, weights of 0."""
+    n = lw.numel() if n is None else n
+    return 2 * torch.logsumexp(lw, 0) - math.log(n) - torch.logsumexp(2 * lw, 0)
 
 
 def effective_sample_size(log_w_B_T: torch.Tensor, valid_B_T: torch.Tensor) -> float | None:
@@ -59,39 +94,33 @@ def _order_statistics(n: int, qs: tuple[float, ...]) -> tuple[list[int], list[fl
     return lows, [pos - lo for pos, lo in zip(positions, lows, strict=True)]
 
 
-def _interpolate(fracs: list[float], at_lo: list[float], at_hi: list[float]) -> list[float]:
-    return [a + (b - a) * f for a, b, f in zip(at_lo, at_hi, fracs, strict=True)]
-
-
-def _quantile_gather(sorted_values: torch.Tensor, lows: list[int]) -> torch.Tensor:
-    """The order statistics at ``lows`` and at the index after each (capped at the last), concatenated."""
-    n = sorted_values.numel()
-    index = torch.tensor(lows + [min(lo + 1, n - 1) for lo in lows], device=sorted_values.device)
-    return sorted_values[index]
+def _quantiles_of_ranked(ranked: torch.Tensor, n: int, qs: tuple[float, ...]) -> torch.Tensor:
+    """Linear-interpolated quantiles ``qs`` of the ``n`` values that open the sorted 1-D ``ranked``, on its
+    device (``q = 0`` and ``q = 1`` are the min and the max exactly: a weight of 0)."""
+    lows, fracs = _order_statistics(n, qs)
+    highs = [min(lo + 1, n - 1) for lo in lows]
+    picked = ranked[torch.tensor(lows + highs, device=ranked.device)]
+    k = len(qs)
+    return torch.lerp(picked[:k], picked[k:], torch.tensor(fracs, dtype=picked.dtype, device=ranked.device))
 
 
 def quantiles(values: torch.Tensor, qs: tuple[float, ...] = RATIO_QUANTILES) -> list[float]:
     """Linear-interpolated quantiles of a 1-D tensor (sort based: no size limit, unlike torch.quantile),
     read in one host copy."""
-    lows, fracs = _order_statistics(values.numel(), qs)
-    got = _quantile_gather(values.sort().values, lows).tolist()
-    return _interpolate(fracs, got[: len(qs)], got[len(qs) :])
+    return _quantiles_of_ranked(values.sort().values, values.numel(), qs).tolist()
 
 
 def ratio_stats(log_w_B_T: torch.Tensor, valid_B_T: torch.Tensor) -> dict[str, float]:
     """Behaviour-ratio quantiles, min, max, mean and ESS over valid tokens, in one host read."""
-    lw = log_w_B_T[valid_B_T].double()
-    if lw.numel() == 0:
+    n = int(valid_B_T.sum())
+    if n == 0:
         return {}
-    w = torch.exp(lw)
-    lows, fracs = _order_statistics(w.numel(), RATIO_QUANTILES)
-    summary = torch.stack([w.min(), w.max(), w.mean(), torch.exp(_log_ess(lw))])
-    got = torch.cat([_quantile_gather(w.sort().values, lows), summary]).tolist()
-    k = len(RATIO_QUANTILES)
-    qs = _interpolate(fracs, got[:k], got[k : 2 * k])
-    out = {f"ratio/q{round(q * 100):02d}": val for q, val in zip(RATIO_QUANTILES, qs, strict=True)}
-    out["ratio/min"], out["ratio/max"], out["ratio/mean"], out["mismatch/ess"] = got[2 * k :]
-    return out
+    sums = MetricSums(valid_B_T)
+    behaviour_diagnostics(sums, log_w_B_T, valid_B_T, n)
+    keep = {f"ratio/q{round(q * 100):02d}" for q in RATIO_QUANTILES} | {
+        "ratio/min", "ratio/max", "ratio/mean", "mismatch/ess"
+    }  # fmt: skip
+    return {k: v for k, v in sums.build().to_host().items() if k in keep}
 
 
 EMPTY_SPAN = (

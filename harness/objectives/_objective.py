@@ -78,9 +78,10 @@ from ._corrections import (
     token_mask,
     veto_mask,
 )
-from ._diagnostics import mismatch_kl, ratio_stats, staleness_stats, version_span
+from ._diagnostics import behaviour_diagnostics, staleness_stats, version_span
 from ._kl import kl_estimate
 from ._losses import TokenLoss, cispo_loss, gspo_loss, ppo_loss, reinforce_loss, sapo_loss
+from ._metrics import Metrics, MetricSums, frac, host_metrics, sum_metrics
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,13 @@ def _check_per_token(mask: torch.Tensor, tensors: Mapping[str, torch.Tensor]) ->
             )
 
 
+def nonfinite(values: torch.Tensor) -> torch.Tensor:
+    """Where the float tensor ``values`` is inf or nan, as a bool tensor: ``x - x`` is 0 exactly when ``x``
+    is finite. Two kernels where ``~torch.isfinite`` takes five (its ``x == x``, ``abs``, ``!= inf``,
+    ``&`` and the ``~``): the learner's checks run every step."""
+    return (values - values) != 0
+
+
 def _check_float(tensors: Mapping[str, torch.Tensor]) -> None:
     for name, t in tensors.items():
         if not t.is_floating_point():
@@ -199,7 +207,7 @@ class ObjectiveInputs:
             learner["ref_logprobs_B_T"] = self.ref_logprobs_B_T
         _check_per_token(self.loss_mask_B_T, learner)
         _check_float(learner)
-        if values and (bad := int((self.loss_mask_B_T & ~torch.isfinite(self.old_logprobs_B_T)).sum())):
+        if values and (bad := int((self.loss_mask_B_T & nonfinite(self.old_logprobs_B_T)).sum())):
             raise LearnerError(
                 f"old_logprobs_B_T has {bad} non-finite values on loss-mask tokens: the learner forward is broken"
             )
@@ -237,10 +245,12 @@ class PreparedBatch:
         def rows(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t[index]
 
+        valid = self.valid_B_T[index]
         return dataclasses.replace(
             self,
-            valid_B_T=self.valid_B_T[index],
-            keep_B_T=self.keep_B_T[index],
+            valid_B_T=valid,
+            # no correction mask: keep is valid itself (one row gather, not two)
+            keep_B_T=valid if self.keep_B_T is self.valid_B_T else self.keep_B_T[index],
             weight_B_T=self.weight_B_T[index],
             advantages_B=self.advantages_B[index],
             old_logprobs_B_T=self.old_logprobs_B_T[index],
@@ -291,7 +301,7 @@ def _assemble(
     cfg: ObjectiveConfig,
     inputs: ObjectiveInputs,
     rows: torch.Tensor | slice,
-    valid: torch.Tensor,
+    valid_rows: torch.Tensor,
     prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
     n_valid: int,
     n_seqs: int,
@@ -299,11 +309,10 @@ def _assemble(
 ) -> PreparedBatch:
     """The ``PreparedBatch`` of ``rows`` of the batch (every row: ``slice(None)``).
 
-    ``prepared`` is (weight, keep, advantages, old, behaviour) on those rows; the loss
-    denominator and the valid counts are the whole batch's (``valid`` is its (B, T) mask).
+    ``valid_rows`` and ``prepared`` (weight, keep, advantages, old, behaviour) are on those rows; the
+    loss denominator and the valid counts are the whole batch's.
     """
     weight, keep, adv, old, mu = prepared
-    valid_rows = valid[rows]
     ref = None
     if inputs.ref_logprobs_B_T is not None:
         ref = torch.where(valid_rows, inputs.ref_logprobs_B_T[rows], 0.0)
@@ -365,25 +374,32 @@ def batch_terms(cfg: ObjectiveConfig, batch: BatchInputs, *, metrics: bool = Tru
 
 
 @torch.no_grad()
-def prepare(cfg: ObjectiveConfig, inputs: ObjectiveInputs, terms: BatchTerms | None = None) -> PreparedBatch:
+def prepare(
+    cfg: ObjectiveConfig,
+    inputs: ObjectiveInputs,
+    terms: BatchTerms | None = None,
+    *,
+    values_checked: bool = False,
+) -> PreparedBatch:
     """Advantages, correction weights/masks, global denominator and diagnostics for one global batch.
 
     ``terms``: the batch's ``batch_terms`` (validated with them), on the inputs' device; without them,
-    computed here from ``inputs.batch``."""
+    computed here from ``inputs.batch``. ``values_checked``: the caller has found the proximal
+    log-probs finite on the loss mask already (a learner that skips such a batch rather than raise),
+    so their shapes are checked here but not their values again (a host read less)."""
     if terms is None:
         terms = batch_terms(cfg, inputs.batch)
-    _check_learner_inputs(cfg, inputs, terms, values=True)
+    _check_learner_inputs(cfg, inputs, terms, values=not values_checked)
     valid, n_valid, n_seqs = terms.valid_B_T, terms.num_valid_tokens, terms.num_valid_seqs
     adv_B = terms.advantages_B
     metrics: Metrics = dict(terms.metrics)
     old, mu, log_w = _proximal_log_ratio(cfg, inputs.old_logprobs_B_T, inputs.behaviour_logprobs_B_T, valid)
     adv_B_T = adv_B[:, None].expand_as(log_w)
 
-    weight, keep, corr_metrics = _apply_corrections(cfg, log_w, valid, adv_B_T, n_valid, n_seqs)
-    metrics |= corr_metrics
-    metrics |= mismatch_kl(log_w, valid)
-    metrics["mismatch/abs_log_ratio_mean"] = _frac(log_w.abs().sum(), n_valid)
-    metrics |= ratio_stats(log_w, valid)
+    sums = MetricSums(valid)
+    weight, keep = _apply_corrections(cfg, log_w, valid, adv_B_T, n_valid, n_seqs, sums)
+    behaviour_diagnostics(sums, log_w, valid, n_valid)
+    metrics |= sums.build().to_host()  # the batch's one host read
 
     return _assemble(
         cfg,
@@ -450,45 +466,20 @@ def prepare_rows(
         cfg, inputs.old_logprobs_B_T[rows], inputs.behaviour_logprobs_B_T[rows], valid_rows
     )
     adv_rows = adv_B[rows]
-    weight, keep, _ = _apply_corrections(
-        cfg, log_w, valid_rows, adv_rows[:, None].expand_as(log_w), n_valid, n_seqs, metrics=False
+    weight, keep = _apply_corrections(
+        cfg, log_w, valid_rows, adv_rows[:, None].expand_as(log_w), n_valid, n_seqs
     )
-    return _assemble(cfg, inputs, rows, valid, (weight, keep, adv_rows, old, mu), n_valid, n_seqs)
+    return _assemble(cfg, inputs, rows, valid_rows, (weight, keep, adv_rows, old, mu), n_valid, n_seqs)
 
 
 def _proximal_log_ratio(
     cfg: ObjectiveConfig, old_B_T: torch.Tensor, mu_B_T: torch.Tensor, valid_B_T: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(old, mu, l)`` zeroed off the valid tokens, ``l = clamp(logp_old - logp_mu, +-log_ratio_clamp)``."""
+    """``(old, mu, l)`` zeroed off the valid tokens, ``l = clamp(logp_old - logp_mu, +-log_ratio_clamp)``
+    (0 - 0 off them: no third mask)."""
     old = torch.where(valid_B_T, old_B_T, 0.0)
     mu = torch.where(valid_B_T, mu_B_T, 0.0)
-    log_w = torch.where(valid_B_T, (old - mu).clamp(-cfg.log_ratio_clamp, cfg.log_ratio_clamp), 0.0)
-    return old, mu, log_w
-
-
-Metrics = dict[str, float | torch.Tensor]
-"""Metric values as computed: 0-d device tensors stay on the device until ``host_metrics`` reads them all."""
-
-
-def _frac(count: torch.Tensor | int, total: torch.Tensor | int) -> float | torch.Tensor:
-    """``count / total`` (0 where ``total`` is 0), a 0-d tensor on ``count``'s device when either is a tensor:
-    no host copy here (``host_metrics`` reads every metric of a step at once)."""
-    # float64, as the host's float division was: a fraction of 10^5 tokens keeps its last digits
-    if isinstance(total, torch.Tensor):  # count <= total wherever it is used: 0 / 1 where both are 0
-        return count / total.clamp(min=1).double()
-    if not total:
-        return 0.0
-    return count.double() / total if isinstance(count, torch.Tensor) else count / total
-
-
-def host_metrics(metrics: Mapping[str, float | torch.Tensor]) -> dict[str, float]:
-    """Every metric as a float, the tensors read in one host copy (one device sync, not one per metric)."""
-    keys = [k for k, v in metrics.items() if isinstance(v, torch.Tensor)]
-    out = {k: float(v) for k, v in metrics.items() if not isinstance(v, torch.Tensor)}
-    if keys:
-        values = torch.stack([metrics[k].detach().double().reshape(()) for k in keys]).tolist()  # type: ignore[union-attr]
-        out |= dict(zip(keys, values, strict=True))
-    return {k: out[k] for k in metrics}
+    return old, mu, (old - mu).clamp(-cfg.log_ratio_clamp, cfg.log_ratio_clamp)
 
 
 def _apply_corrections(
@@ -498,39 +489,39 @@ def _apply_corrections(
     adv_B_T: torch.Tensor,
     n_valid: int,
     n_seqs: int,
-    *,
-    metrics: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, Metrics]:
+    sums: MetricSums | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Corrections in the order listed: weights multiply, masks AND; M2PO sees the tokens still kept.
 
-    ``metrics=False``: the weights and mask only (``prepare_rows``, whose caller takes the diagnostics
-    from ``prepare``), without the device work of the diagnostics."""
-    weight = torch.ones_like(log_w)
-    keep = valid.clone()
-    m: Metrics = {}
+    ``sums`` (over ``valid``) collects the diagnostics; without it (``prepare_rows``, whose caller
+    takes them from ``prepare``) the weights and mask only, without the device work of the diagnostics."""
+    weight: torch.Tensor | None = None  # 1 everywhere until a weight applies: no product with ones
+    keep = valid  # never written in place: each mask makes a new tensor
     for corr in cfg.corrections:
         name = corr.name
         if isinstance(corr, TIS):
             if corr.level == "token":
                 w, truncated = tis_token_weights(log_w, valid, corr.c)
-                if metrics:
-                    m[f"{name}/truncated_frac"] = _frac(truncated.sum(), n_valid)
+                if sums is not None:
+                    sums.count(f"{name}/truncated_frac", truncated, n_valid)
             else:
                 w, truncated_B = tis_sequence_weights(log_w, valid, corr.c)
-                if metrics:
-                    m[f"{name}/truncated_seq_frac"] = _frac(truncated_B.sum(), n_seqs)
-                    m[f"{name}/truncated_frac"] = _frac((truncated_B[:, None] & valid).sum(), n_valid)
-            weight = weight * w
-            if metrics:
-                m[f"{name}/weight_mean"] = _frac(torch.where(valid, w, 0.0).sum(), n_valid)
+                if sums is not None:
+                    sums.value(
+                        f"{name}/truncated_seq_frac", truncated_B.sum(dtype=torch.float64) / max(n_seqs, 1)
+                    )
+                    sums.count(f"{name}/truncated_frac", truncated_B[:, None].expand_as(valid), n_valid)
+            weight = w if weight is None else weight * w
+            if sums is not None:
+                sums.mean(f"{name}/weight_mean", w, n_valid)
             continue
         if isinstance(corr, OPSM):
             continue  # evaluated on the current policy at every step, in policy_loss
         if isinstance(corr, IcePop):
             w, band = icepop_weights(log_w, valid, corr.low, corr.high)
-            weight = weight * w
-            if metrics:
-                m[f"{name}/weight_mean"] = _frac(torch.where(band, w, 0.0).sum(), band.sum())
+            weight = w if weight is None else weight * w
+            if sums is not None:
+                sums.value(f"{name}/weight_mean", frac(torch.where(band, w, 0.0).sum(), band.sum()))  # type: ignore[arg-type]
             new_keep = keep & band
         elif isinstance(corr, TokenMask):
             new_keep = keep & token_mask(log_w, valid, corr.low, corr.high)
@@ -539,26 +530,29 @@ def _apply_corrections(
                 seq_keep = geo_mask(log_w, valid, corr.low, corr.high)
             else:
                 seq_keep = veto_mask(log_w, valid, corr.floor)
-            if metrics:
-                m[f"{name}/masked_seq_frac"] = _frac((~seq_keep & valid.any(dim=1)).sum(), n_seqs)
+            if sums is not None:
+                dropped = (~seq_keep & valid.any(dim=1)).sum(dtype=torch.float64)
+                sums.value(f"{name}/masked_seq_frac", dropped / max(n_seqs, 1))
             new_keep = keep & seq_keep[:, None]
         elif isinstance(corr, M2PO):
             res = m2po_mask(log_w, keep, adv_B_T, corr.tau)
             new_keep = res.keep_B_T
-            if metrics:
-                m[f"{name}/second_moment_before"] = res.second_moment_before
-                m[f"{name}/second_moment_after"] = res.second_moment_after
-                m[f"{name}/active_frac"] = _frac(res.active_B_T.sum(), n_valid)
+            if sums is not None:
+                sums.value(f"{name}/second_moment_before", res.second_moment_before)
+                sums.value(f"{name}/second_moment_after", res.second_moment_after)
+                sums.count(f"{name}/active_frac", res.active_B_T, n_valid)
         else:  # pragma: no cover - the config's discriminated union admits nothing else
             raise ConfigError(f"unknown correction {corr!r}")
-        if metrics:
-            m[f"{name}/masked_frac"] = _frac((keep & ~new_keep).sum(), n_valid)
+        if sums is not None:
+            sums.count(f"{name}/masked_frac", keep & ~new_keep, n_valid)
         keep = new_keep
-    if metrics:
-        m["corrections/kept_frac"] = _frac(keep.sum(), n_valid)
-        m["corrections/masked_frac"] = _frac((valid & ~keep).sum(), n_valid)
-        m["corrections/weight_mean"] = _frac(torch.where(keep, weight, 0.0).sum(), n_valid)
-    return weight, keep, m
+    if weight is None:
+        weight = torch.ones_like(log_w)
+    if sums is not None:
+        sums.count("corrections/kept_frac", keep, n_valid)
+        sums.count("corrections/masked_frac", ~keep, n_valid)  # of the valid tokens: the sums' mask
+        sums.mean("corrections/weight_mean", torch.where(keep, weight, 0.0), n_valid)
+    return weight, keep
 
 
 def _token_loss(cfg: ObjectiveConfig, logp: torch.Tensor, p: PreparedBatch) -> TokenLoss:
@@ -602,18 +596,19 @@ def policy_loss(
     tl = _token_loss(cfg, logp, prepared)
     keep = prepared.keep_B_T
     n = prepared.num_valid_tokens
-    metrics: Metrics = {}
+    sums = MetricSums(valid)
     opsm = next((c for c in cfg.corrections if isinstance(c, OPSM)), None)
     if opsm is not None:
         seq_keep = opsm_mask(logp, prepared.behaviour_logprobs_B_T, prepared.advantages_B, valid, opsm.delta)
-        metrics["opsm/masked_frac"] = _frac((keep & ~seq_keep[:, None]).sum(), n)
-        metrics["opsm/masked_seq_frac"] = _frac((~seq_keep).sum(), prepared.num_valid_seqs)
+        dropped = ~seq_keep
+        sums.count("opsm/masked_frac", keep & dropped[:, None], n)
+        sums.value("opsm/masked_seq_frac", dropped.sum(dtype=torch.float64) / max(prepared.num_valid_seqs, 1))
         keep = keep & seq_keep[:, None]
-    pg_B_T = torch.where(keep, tl.loss_B_T * prepared.weight_B_T, 0.0)
+    pg_B_T = torch.where(keep, tl.loss_B_T * prepared.weight_B_T, 0.0)  # keep is within valid
     agg = cfg.aggregation
-    pg = aggregate(agg, pg_B_T, valid, prepared.denominator)
+    pg = aggregate(agg, pg_B_T, valid, prepared.denominator, masked=True)
     total = pg
-    metrics["loss/policy"] = pg.detach()
+    sums.value("loss/policy", pg)
     if cfg.kl_coef > 0:
         assert prepared.ref_logprobs_B_T is not None  # checked in prepare
         k_B_T = kl_estimate(
@@ -621,20 +616,20 @@ def policy_loss(
         )
         kl_term = cfg.kl_coef * aggregate(agg, k_B_T, valid, prepared.denominator)
         total = total + kl_term
-        metrics["loss/ref_kl"] = kl_term.detach()
-        metrics[f"ref_kl/{cfg.kl_estimator}"] = _frac(torch.where(valid, k_B_T.detach(), 0.0).sum(), n)
-    metrics["loss/total"] = total.detach()
-    low, high = tl.clipped_low_B_T & valid, tl.clipped_high_B_T & valid
-    metrics["policy/clip_low_frac"] = _frac(low.sum(), n)
-    metrics["policy/clip_high_frac"] = _frac(high.sum(), n)
-    metrics["policy/clip_frac"] = _frac((low | high).sum(), n)
-    metrics["policy/ratio_mean"] = _frac(torch.where(valid, tl.ratio_B_T, 0.0).sum(), n)
-    log_r = (logp.detach() - prepared.old_logprobs_B_T).abs()
-    metrics["policy/abs_log_ratio_mean"] = _frac(torch.where(valid, log_r, 0.0).sum(), n)
+        sums.value("loss/ref_kl", kl_term)
+        sums.mean(f"ref_kl/{cfg.kl_estimator}", k_B_T, n)
+    sums.value("loss/total", total)
+    low, high = tl.clipped_low_B_T, tl.clipped_high_B_T
+    sums.count("policy/clip_low_frac", low, n)
+    sums.count("policy/clip_high_frac", high, n)
+    sums.count("policy/clip_frac", low | high, n)
+    sums.mean("policy/ratio_mean", tl.ratio_B_T, n)
+    sums.mean("policy/abs_log_ratio_mean", (logp.detach() - prepared.old_logprobs_B_T).abs(), n)
     if tl.dual_clipped_B_T is not None:
-        metrics["policy/dual_clip_frac"] = _frac((tl.dual_clipped_B_T & valid).sum(), n)
+        sums.count("policy/dual_clip_frac", tl.dual_clipped_B_T, n)
     if tl.gate_B_T is not None:
-        metrics["policy/sapo_gate_mean"] = _frac(torch.where(valid, tl.gate_B_T, 0.0).sum(), n)
+        sums.mean("policy/sapo_gate_mean", tl.gate_B_T, n)
+    metrics = sums.build()
     return total, (metrics if device_metrics else host_metrics(metrics))
 
 
@@ -643,8 +638,4 @@ def combine_metrics(
 ) -> dict[str, float]:
     """Global metrics of a step: ``prepared.metrics`` plus the sums of the micro-batch metrics, read in one
     host copy however many micro-batches (``host_metrics``)."""
-    summed: Metrics = {}
-    for m in micro_metrics:
-        for k, v in m.items():
-            summed[k] = summed[k] + v if k in summed else v
-    return dict(prepared.metrics) | host_metrics(summed)
+    return dict(prepared.metrics) | host_metrics(sum_metrics(micro_metrics))

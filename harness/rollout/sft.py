@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from labrl.envs.base import Env
 from labrl.harness.learners.config import lr_factor
 from labrl.harness.learners.precision import adamw_with_precision
-from labrl.harness.models.build import causal_attention_mask
+from labrl.harness.models.build import CausalInputs
 from labrl.harness.tokenizer import Tokenizer
 
 SFT_SEED_OFFSET = 7_000_000_000  # SFT prompts come from train seeds far from the RL schedule's
@@ -102,6 +102,7 @@ async def run_sft(
     prompts = await sft_prompts(make_env, tokenizer, min(cfg.steps * cfg.batch_size, cfg.num_prompts), seed)
     params = [p for p in model.parameters() if p.requires_grad]
     device = params[0].device
+    causal = CausalInputs(device)  # position ids and causal masks, made once per length
     # the learner's precision rule: bf16 parameters are stepped through fp32 master weights
     opt, master = adamw_with_precision(params, lr=cfg.lr)
     end = [tokenizer.stop_token_ids[0]]
@@ -126,12 +127,8 @@ async def run_sft(
             rows, tokenizer.pad_token_id
         )  # on the host, copied to the model's device once
         tokens, target = tokens.to(device), target.to(device)
-        B, T = tokens.shape
-        logits = model(
-            input_ids=tokens,
-            position_ids=torch.arange(T, device=device).expand(B, T),
-            attention_mask=causal_attention_mask(T, device=device),
-        )
+        positions, attention_mask = causal(*tokens.shape)
+        logits = model(input_ids=tokens, position_ids=positions, attention_mask=attention_mask)
         logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, T-1, V)
         nll = -logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)  # (B, T-1)
         mask = target[:, 1:]

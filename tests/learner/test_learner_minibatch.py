@@ -26,7 +26,7 @@ def _reference_single_step(learner: MegatronLearner, batch) -> None:
         logp = learner._logprobs_with_grad(batch.tokens_B_T[rows], batch.routed_experts_B_T_L_K[rows])
         loss, _ = objectives.policy_loss(cfg.objective, logp, prepared.select(rows))
         loss.backward()
-    learner._clip_gradients()
+    learner._clip_gradients(float(learner._grad_norm_squared().sqrt()))
     learner.optimizer.step()
     learner.scheduler.step()
     learner._version += 1

@@ -278,3 +278,19 @@ def test_a_mask_changed_in_place_is_prepared_afresh():
         after = sdpa(q, k, v, mask)
         torch.testing.assert_close(after, unfused(q, k, v, mask), atol=1e-5, rtol=1e-5)
     assert not torch.allclose(before, after)
+
+
+def test_causal_inputs_are_views_of_the_longest_mask_each_marked_causal():
+    from labrl.harness.models import CausalInputs
+
+    causal = CausalInputs(torch.device("cpu"))
+    positions, mask = causal(3, 5)
+    assert torch.equal(positions, torch.arange(5).expand(3, 5))
+    assert torch.equal(mask, causal_attention_mask(5)) and is_marked_causal(mask)
+    assert causal(3, 5)[1] is mask  # one object per length: the attention's prepared-mask cache holds
+    _, longer = causal(2, 8)  # longer rows: the mask is rebuilt
+    assert torch.equal(longer, causal_attention_mask(8)) and is_marked_causal(longer)
+    positions, shorter = causal(4, 5)
+    assert torch.equal(shorter, causal_attention_mask(5)) and is_marked_causal(shorter)
+    assert torch.equal(positions, torch.arange(5).expand(4, 5))
+    assert shorter.data_ptr() == longer.data_ptr()  # a view: one mask's memory, the longest rows'

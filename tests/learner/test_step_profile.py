@@ -137,3 +137,48 @@ def test_bad_arguments_are_refused():
         sp.main(["--device", "cpu", "--shapes", "huge"])
     with pytest.raises(SystemExit):
         sp.main(["--device", "cpu", "--steps", "0"])
+
+
+def test_device_ops_count_launches_and_reads_by_phase():
+    import torch
+
+    sp = step_profile()
+    counter = sp.DeviceOps()
+    x = torch.arange(6, dtype=torch.float32, device="cpu")
+    mask = x > 2
+    with sp.HostCopies(counter, torch.device("cpu")), counter:
+        y = x + 1  # a launch
+        y.view(2, 3)  # a view: none
+        torch.where(mask, x, 0.0)  # a launch (its 0.0 is a wrapped CPU scalar, a kernel argument)
+        with counter.phase("objective"):
+            x[mask]  # a launch and a read (its size is the mask's count)
+            float(x.sum())  # a launch and a read
+            x.tolist()  # a read
+            torch.tensor([1, 2], device="cpu")  # a host-to-device copy
+        with counter.phase("batch_terms"):  # labrl's host-side phase: neither
+            x * 2
+            int(x.max())
+    assert dict(counter.ops) == {
+        ("step", "add"): 1,
+        ("step", "where"): 1,
+        ("objective", "index"): 1,
+        ("objective", "sum"): 1,
+        ("objective", "copy (host to device)"): 1,
+    }
+    assert dict(counter.reads) == {"objective": 3}
+
+
+def test_the_op_count_books_labrls_reads_to_its_two_copies(tmp_path):
+    out = tmp_path / "ops.json"
+    args = ["--count-ops", "--device", "cpu", "--shapes", "tiny", "--objective", "default", "--out", str(out)]
+    assert step_profile().main(args) == 0
+    shape = json.loads(out.read_text())["shapes"]["tiny-moe"]
+    labrl, bare = shape["labrl_default"], shape["bare_fp32_master"]
+    assert set(bare["by_phase"]) == {"step"} and bare["ops"] > 700
+    assert {"forward", "backward", "objective", "prepare", "checks", "optimizer"} <= set(labrl["by_phase"])
+    # megatron-core's own reads (its dispatcher sizes a buffer by the routing) are in both; labrl adds
+    # prepare's one copy of its diagnostics and the step's one of its checks, grad norm and metrics
+    assert labrl["reads_by_phase"] == {"forward": bare["reads"], "prepare": 1, "checks": 1}
+    # the RL objective, the clip and the log-prob gather on top of bare megatron-core's step: 1.33x
+    # the ops at main db7a4a6, 1.22x since (benchmarks/README.md, "Step profile")
+    assert labrl["ops"] < 1.25 * bare["ops"]
