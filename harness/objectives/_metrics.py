@@ -85,9 +85,7 @@ class MetricSums:
         self._counts: list[tuple[str, torch.Tensor, int]] = []
         self._means: list[tuple[str, torch.Tensor, int]] = []
 
-    def value(self, name: str, value: torch.Tensor | float) -> None:
-        if not isinstance(value, torch.Tensor):  # a value the host already holds (M2PO's moments)
-            value = torch.tensor(value, dtype=torch.float64, device=self.mask.device)
+    def value(self, name: str, value: torch.Tensor) -> None:
         self._values.append(((name,), value.detach().reshape(1)))
 
     def values(self, names: tuple[str, ...], values: torch.Tensor) -> None:

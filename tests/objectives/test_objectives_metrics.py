@@ -75,7 +75,7 @@ def test_metric_sums_equal_their_formulas():
     n = int(mask.sum())
     sums = MetricSums(mask)
     sums.value("loss", torch.tensor(0.25))
-    sums.value("moment", 1.5)  # a host float
+    sums.value("moment", torch.tensor(1.5, dtype=torch.float64))
     sums.count("flag_frac", flags, n)
     sums.count("flag_per_row", flags, 3)  # another denominator
     sums.mean("value_mean", values, n)  # inf and nan off the mask contribute 0
