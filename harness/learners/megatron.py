@@ -345,13 +345,9 @@ class MegatronLearner:
             old_B_T, ref_B_T = self._no_grad_logprobs(
                 batch.tokens_B_T, replay, plan, with_reference=with_reference
             )
-        with phase("prepare"):
-            bad = int((batch.loss_mask_B_T & objectives.nonfinite(old_B_T)).sum())
-            if bad:
-                self._record_skip(f"{bad} {NONFINITE_PROXIMAL}: batch skipped")
-                return None, [], 1
-            inputs = objectives.ObjectiveInputs.from_train_batch(batch, old_B_T, self._version, ref_B_T)
-            prepared = objectives.prepare(cfg.objective, inputs, terms, values_checked=True)
+        prepared = self._prepare_known_proximal(batch, terms, old_B_T, ref_B_T)
+        if prepared is None:
+            return None, [], 1
         step_metrics: list[dict[str, float]] = []
         skipped = 0
         for rows in self._minibatch_rows(batch.batch_size):
@@ -477,18 +473,31 @@ class MegatronLearner:
             if ref_B_T is not None:
                 with phase("reference"), torch.no_grad():
                     ref_B_T[pos, :T] = self._logprobs_with_grad(tokens, routed, model=self.reference_model)
-        with phase("prepare"):
-            bad = int((batch.loss_mask_B_T & objectives.nonfinite(old_B_T)).sum())
-            if bad:
-                kept.clear()  # the graphs are freed with their outputs
-                self._record_skip(f"{bad} {NONFINITE_PROXIMAL}: batch skipped")
-                return None, [], 1, budget
-            inputs = objectives.ObjectiveInputs.from_train_batch(batch, old_B_T, self._version, ref_B_T)
-            prepared = objectives.prepare(cfg.objective, inputs, terms, values_checked=True)
+        prepared = self._prepare_known_proximal(batch, terms, old_B_T, ref_B_T)
+        if prepared is None:
+            kept.clear()  # the graphs are freed with their outputs
+            return None, [], 1, budget
         metrics = self._optimizer_step(batch, replay, _selected(prepared), plan, kept=kept)  # uses up `kept`
         if metrics is None:
             return None, [], 1, budget
         return prepared, [metrics], 0, budget
+
+    def _prepare_known_proximal(
+        self,
+        batch: TrainBatch,
+        terms: objectives.BatchTerms,
+        old_B_T: torch.Tensor,
+        ref_B_T: torch.Tensor | None,
+    ) -> objectives.PreparedBatch | None:
+        """``objectives.prepare`` over the whole batch once every row's ``pi_prox`` is known (the separate
+        forward, kept graphs); None, the skip recorded, if any is non-finite on a loss-mask token."""
+        with phase("prepare"):
+            bad = int((batch.loss_mask_B_T & objectives.nonfinite(old_B_T)).sum())
+            if bad:
+                self._record_skip(f"{bad} {NONFINITE_PROXIMAL}: batch skipped")
+                return None
+            inputs = objectives.ObjectiveInputs.from_train_batch(batch, old_B_T, self._version, ref_B_T)
+            return objectives.prepare(self.config.objective, inputs, terms, values_checked=True)
 
     def _minibatch_rows(self, batch_size: int) -> list[torch.Tensor | None]:
         """Row indices of every optimizer step of the batch (None = the whole batch, in order).
