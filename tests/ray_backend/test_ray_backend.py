@@ -174,8 +174,13 @@ async def test_lab_env_worker_and_sampler_killed_mid_run(ray_cluster, tmp_path):
     """A killed env worker: its groups replay, episodes with a pending job resume and re-attach; a killed
     sampler: its requests are re-issued to the restarted actor, which re-syncs first. No job submitted twice."""
     run = tmp_path / "lab"
+    # Six steps, so the run needs the restarted sampler: when step 1 is done, admission (max_staleness 2,
+    # two groups a batch) has let at most 2 + 6 of the 12 groups start, so at least four start after the
+    # kill and each needs a generation from the only sampler. With four steps every group could have
+    # been generated before the kill, and the run could end before Ray had the sampler back.
+    steps = 6
     cfg = build_run_config(
-        lab_synthesis(run, latency_s=1.5, steps=4, ray={"env_workers": 2, "samplers": 1})
+        lab_synthesis(run, latency_s=1.5, steps=steps, ray={"env_workers": 2, "samplers": 1})
         | {"env": {"id": "test/synthesis-anytext-v0", "options": {"mock_latency_s": 1.5, "run_id": "kill"}}}
     )
 
@@ -186,8 +191,8 @@ async def test_lab_env_worker_and_sampler_killed_mid_run(ray_cluster, tmp_path):
     killed_env = await _kill_when(run, "env0", _lab_call_pending(run))
     killed_sampler = await _kill_when(run, "sampler0", one_step_done)
     summary = await training
-    assert summary["step"] == 4 and killed_env > 0 and killed_sampler > 0
-    _accounted(run, 4, 2)
+    assert summary["step"] == steps and killed_env > 0 and killed_sampler > 0
+    _accounted(run, steps, 2)
     r = summary["ray"]
     assert r["env_worker_failures"] >= 1 and r["groups_replayed"] >= 1
     assert r["episodes_resumed"] >= 1  # it had a pending lab job, and was resumed from its transcript
