@@ -6,7 +6,8 @@
 #   QUICKSTART_TIMEOUT_S=300 ...   # stop each quickstart after 300 s (resumable; its metrics so far are kept)
 #   GPU_LEARNER_BENCH=0 ...        # skip benchmarks/gpu_learner.py and step_profile.py (tests and quickstart only)
 #   GPU_PROFILE=0 ...              # skip benchmarks/step_profile.py and its op count (where labrl's step and bare megatron-core's,
-#                                  # same experts and precision, spend their time; ~1 min)
+#                                  # same experts and precision, spend their time; ~1 min) and
+#                                  # benchmarks/compiled_objective.py (the objective eager and compiled; ~1 min)
 #   GPU_LEARNER_TIMEOUT_S=300 ...  # stop the benchmark after 300 s (the rows measured so far are kept)
 #   GPU_LEARNER_PARTS=sampler ...  # only some of its parts: learner,sampler,attention (default all)
 #   GPU_TESTS=0 ...                # skip the GPU tests
@@ -78,6 +79,7 @@ print(f"capabilities: {caps}")
 print(f"layer spec, fp32: {dev.layer_spec(d, caps, torch.float32)}")
 print(f"layer spec, bf16: {dev.layer_spec(d, caps, torch.bfloat16)}")  # the experts module differs
 print(f"core attention: {dev.core_attention(d, caps)}")
+print(f"triton (learner.objective_kernel: compiled): {caps.triton}")
 print(f"workarounds: {dev.workarounds(d, caps)}")
 PY
 
@@ -106,6 +108,10 @@ if [ "${GPU_LEARNER_BENCH:-1}" != 0 ]; then  # GPU_LEARNER_BENCH=0: tests and qu
     PYTHONPATH=benchmarks${PYTHONPATH:+:$PYTHONPATH} timeout --signal=INT "${GPU_PROFILE_TIMEOUT_S:-0}" \
       "$PY" benchmarks/step_profile.py --count-ops --shapes tiny --objective both --out "$OUT/op_count.json" 2>&1 |
       tee "$OUT/op_count.txt" || status=1
+    # the objective alone, eager (the default) and compiled (learner.objective_kernel), two objectives, three shapes; ~1 min
+    PYTHONPATH=benchmarks${PYTHONPATH:+:$PYTHONPATH} timeout --signal=INT "${GPU_PROFILE_TIMEOUT_S:-0}" \
+      "$PY" benchmarks/compiled_objective.py --device cuda --out "$OUT/compiled_objective.json" 2>&1 |
+      tee "$OUT/compiled_objective.txt" || status=1
   fi
 fi
 

@@ -25,10 +25,13 @@ step this reports:
   a phase long on the host while the device idles is where a gap is;
 
 then the two paths' ``ops`` differences, largest first (``diff``): what labrl's step adds or saves.
+On CUDA a third path, ``labrl_compiled_objective``, is labrl's step with ``learner.objective_kernel:
+compiled`` (the objective through ``torch.compile``; eager is the default): what compiling it saves.
 
 ``--count-ops`` counts instead of timing: the device ops of one step of each path (after a warm-up
 step), by op name and, for labrl's step, by phase, with ``--objective quickstart`` also under the
-quickstart configs' objective. A device op is what dispatches a kernel on CUDA, counted with a
+quickstart configs' objective, eager (the default; dynamo compiles nothing under the counting
+dispatch mode, and the timed run above says what compiling saves). A device op is what dispatches a kernel on CUDA, counted with a
 ``TorchDispatchMode`` below autograd (backward ops included): every non-view aten op but the
 allocations without a fill (``empty*``), the profiler's range markers, ``scalar_tensor`` (the
 wrapped CPU scalar of ``where(mask, x, 0.0)``: a kernel argument on CUDA, not a launch) and host
@@ -330,13 +333,23 @@ def profile_shape(name: str, steps: int, device: torch.device, save: Callable[[d
     """Both paths on one shape, the first freed before the second is built; ``save`` after each."""
     cfg, B, T, mbs = SHAPES[name]
     out: dict = {"shape": cfg.name, "B": B, "T": T, "micro_batch": mbs}
-    for key, build in (
-        ("labrl", lambda: labrl_step(cfg, B, T, mbs, device)),
+    paths: list[tuple[str, Callable[[], Callable[[], object]]]] = [
+        ("labrl", lambda: labrl_step(cfg, B, T, mbs, device))
+    ]
+    if device.type == "cuda":  # what compiling the objective would save: the same step with it compiled
+        paths.append(
+            (
+                "labrl_compiled_objective",
+                lambda: labrl_step(cfg, B, T, mbs, device, objective_kernel="compiled"),
+            )
+        )
+    paths.append(
         (
             "bare_fp32_master",
             lambda: megatron_step(cfg, B, T, mbs, "grouped_mm", fp32_master=True, device=device)[0],
-        ),
-    ):
+        )
+    )
+    for key, build in paths:
         if device.type == "cuda":
             free_cuda()
         out[key] = profile(build(), steps, device)
@@ -351,7 +364,7 @@ def print_shape(res: dict) -> None:
     print(
         f"{'path':22} {'wall ms':>9} {'busy ms':>9} {'idle':>6} {'host reads':>11} {'syncs':>7} {'launches':>9}"
     )
-    for key in ("labrl", "bare_fp32_master"):
+    for key in ("labrl", "labrl_compiled_objective", "bare_fp32_master"):
         r = res.get(key)
         if r is None:
             continue

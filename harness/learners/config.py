@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from labrl.harness.identity import IDENTITY
 from labrl.harness.learners.proximal import ProximalForwardChoice
 from labrl.harness.models.config import MoEModelConfig, ParallelConfig, get_preset
-from labrl.harness.models.device import DEVICE_PATTERN, ExpertsRequest, PrecisionChoice
+from labrl.harness.models.device import DEVICE_PATTERN, ExpertsRequest, ObjectiveKernel, PrecisionChoice
 from labrl.harness.objectives import ObjectiveConfig
 
 ReferenceKind = Literal["none", "initial"]
@@ -156,6 +156,12 @@ class LearnerConfig(BaseModel):
         default="auto",
         description="MoE experts module of the local spec: auto (all experts in one torch grouped_mm on CUDA "
         "in bf16, one after another elsewhere) | sequential | grouped_mm; same weights and checkpoint names",
+    )
+
+    objective_kernel: ObjectiveKernel = Field(
+        default="eager",
+        description="the per-micro-batch objective: eager (op by op) | compiled (torch.compile: a few fused "
+        "kernels, equal to round-off; needs Triton on CUDA; not the default until a GPU measures it faster)",
     )
 
     @model_validator(mode="after")

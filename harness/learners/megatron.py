@@ -86,7 +86,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -166,6 +166,9 @@ class MegatronLearner:
         self.device = dev.resolve_device(cfg.device, caps)
         self.dtype = dev.param_dtype(cfg.precision, self.device, parameters=cfg.model.parameter_count)
         self.spec = spec_choice(cfg.model, cfg.parallel, self.device, self.dtype, cfg.experts, caps)
+        self.compiled_objective, objective_reason = dev.objective_kernel(
+            cfg.objective_kernel, self.device, caps
+        )
         # the policy and the reference are built alike: same seed, spec and experts module
         build = functools.partial(
             build_gpt_model,
@@ -194,12 +197,14 @@ class MegatronLearner:
         self._parameter_storages = graph_memory.storages(model_params)
         self._gradient_bytes = graph_memory.gradient_bytes(model_params, master=self.master is not None)
         log.info(
-            "labrl learner on %s: parameters and compute in %s, %s optimizer (AdamW, %s), %s layer spec",
+            "labrl learner on %s: parameters and compute in %s, %s optimizer (AdamW, %s), %s layer spec, "
+            "objective %s",
             self.device,
             dev.precision_reason(cfg.precision, self.device, parameters=cfg.model.parameter_count),
             "fp32 master weights" if self.master is not None else "fp32",
             "fp32 grads",
             self.spec.name,
+            objective_reason,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.step = 0  # batches trained (train_step calls that took at least one optimizer step)
@@ -545,7 +550,6 @@ class MegatronLearner:
         micro-batch leaves a GPU idle while the host queues the next one). A
         non-finite loss therefore still runs its backward; its gradients are
         dropped with the step."""
-        cfg = self.config
         checks = {} if checks is None else checks
         kept = {} if kept is None else kept
         self._drop_gradients()
@@ -566,7 +570,7 @@ class MegatronLearner:
                     self._drop_gradients()
                     return None
                 logp = torch.nn.functional.pad(logp, (0, T_full - T))  # cut columns are padding: log-prob 0
-                loss, metrics = objectives.policy_loss(cfg.objective, logp, prepared, device_metrics=True)
+                loss, metrics = self._policy_loss(logp, prepared)
             with phase("backward"):
                 loss.backward()
                 if self.master is not None:
@@ -599,6 +603,17 @@ class MegatronLearner:
         out = {k: v for k, v in step_metrics.items() if k not in prepared.metrics}
         out["learner/grad_norm"] = grad_norm
         return out
+
+    def _policy_loss(
+        self, logp: torch.Tensor, prepared: objectives.PreparedBatch
+    ) -> tuple[torch.Tensor, Mapping[str, float | torch.Tensor]]:
+        """``objectives.policy_loss`` with its metrics on the device, compiled where
+        ``learner.objective_kernel`` asks, except under a ``TorchDispatchMode`` (a FLOP counter, a
+        tracer), which dynamo compiles nothing under: there the same terms run eager."""
+        compiled = self.compiled_objective and not torch._C._len_torch_dispatch_stack()
+        return objectives.policy_loss(
+            self.config.objective, logp, prepared, device_metrics=True, compiled=compiled
+        )
 
     def _drop_gradients(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

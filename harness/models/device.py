@@ -20,6 +20,7 @@ optimizer          AdamW on the params     AdamW on fp32 master copies (bf16)   
 RNG tracker        inference (no-op fork)  CUDA RNG states, forks locked          same
 workarounds        all of cpu_compat       thread safety, ``te_general_gemm``     thread safety
 core attention     SDPA                    SDPA                                   TE's
+objective          eager (compiled asked)  eager (compiled asked: needs Triton)   same
 =================  ======================  =====================================  ======================
 
 "thread safety": a per-call attention scratch buffer and a lock around RNG forks
@@ -62,6 +63,7 @@ class Capabilities:
     grouped_gemm: bool = False  # fanshiqing/grouped_gemm: megatron-core's legacy GroupedMLP without TE
     torch_grouped_mm: bool = False  # torch.nn.functional.grouped_mm (torch >= 2.10): TorchGroupedMLP
     cuda_index: int = 0  # the current CUDA device when detected: what a bare ``cuda`` means
+    triton: bool = False  # what torch.compile's inductor generates CUDA kernels with
 
 
 def detect_capabilities() -> Capabilities:
@@ -72,6 +74,7 @@ def detect_capabilities() -> Capabilities:
         transformer_engine=_importable("transformer_engine.pytorch"),
         grouped_gemm=_importable("grouped_gemm"),
         torch_grouped_mm=hasattr(torch.nn.functional, "grouped_mm"),
+        triton=_importable("triton"),
     )
 
 
@@ -331,6 +334,33 @@ def core_attention(device: torch.device, caps: Capabilities) -> CoreAttention:
     if layer_spec(device, caps).use_transformer_engine:
         return "transformer_engine"
     return "sdpa"
+
+
+ObjectiveKernel = Literal["eager", "compiled"]
+
+
+def objective_kernel(
+    requested: ObjectiveKernel, device: torch.device, caps: Capabilities
+) -> tuple[bool, str]:
+    """Whether the learner runs the per-micro-batch objective compiled (``objectives.compiled_loss_terms``),
+    and why; a ``ConfigError`` where ``compiled`` cannot run.
+
+    ``eager`` is the default on every device. Compiled, the objective is a few fused kernels where
+    eager launches ~40 forward and ~12 backward a micro-batch, but each call pays dynamo's guards and
+    AOTAutograd's wrappers instead: on the CPU that costs as much host time as the eager launches
+    save under the default objective, and the fused CPU kernels are slower than eager's
+    (``benchmarks/compiled_objective.py``, docs/gpu.md "The objective, compiled"); on CUDA it is not
+    yet measured, so it is not chosen there either until a GPU says it is faster. On CUDA inductor
+    generates Triton kernels, so ``compiled`` needs Triton importable.
+    """
+    if requested == "eager":
+        return False, "eager"
+    if device.type == "cuda" and not caps.triton:
+        raise ConfigError(
+            "learner.objective_kernel: compiled needs Triton on CUDA (torch.compile's inductor generates "
+            "Triton kernels there), and triton is not importable: install it or set objective_kernel: eager"
+        )
+    return True, "compiled (learner.objective_kernel: compiled)"
 
 
 def sdpa_native_gqa(device: torch.device, dtype: torch.dtype, explicit_mask: bool) -> bool:

@@ -113,12 +113,14 @@ class MetricSums:
             masked = torch.where(self.mask, torch.stack([v for _, v, _ in self._means]), 0.0)
             reduced.append(masked.sum(dim=(1, 2), dtype=torch.float64))
         if reduced:
-            overs = [max(over, 1) for _, _, over in self._counts + self._means]
+            overs = [over for _, _, over in self._counts + self._means]
             sums = torch.cat(reduced) if len(reduced) > 1 else reduced[0]
-            if len(set(overs)) == 1:
-                parts.append(sums / overs[0])
+            # `==`, not a set: under torch.compile a count is a symbol, and hashing one would fix its value
+            if all(over == overs[0] for over in overs[1:]):
+                parts.append(sums / max(overs[0], 1))
             else:
-                parts.append(sums / torch.tensor(overs, dtype=torch.float64, device=sums.device))
+                divisors = [max(over, 1) for over in overs]
+                parts.append(sums / torch.tensor(divisors, dtype=torch.float64, device=sums.device))
         names = tuple(name for group, _ in self._values for name in group)
         names += tuple(name for name, *_ in self._counts + self._means)
         if not parts:

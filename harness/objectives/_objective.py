@@ -67,6 +67,7 @@ from labrl.errors import ConfigError, LearnerError
 
 from ._advantages import compute_advantages
 from ._aggregation import aggregate, global_denominator, valid_counts
+from ._compiled import compiled_loss_terms
 from ._config import M2PO, OPSM, TIS, GeoMask, IcePop, ObjectiveConfig, TokenMask, Veto
 from ._corrections import (
     geo_mask,
@@ -81,7 +82,7 @@ from ._corrections import (
 from ._diagnostics import behaviour_diagnostics, staleness_stats, version_span
 from ._kl import kl_estimate
 from ._losses import TokenLoss, cispo_loss, gspo_loss, ppo_loss, reinforce_loss, sapo_loss
-from ._metrics import Metrics, MetricSums, frac, host_metrics, sum_metrics
+from ._metrics import DeviceMetrics, Metrics, MetricSums, frac, host_metrics, sum_metrics
 
 
 @dataclass(frozen=True)
@@ -555,9 +556,10 @@ def _apply_corrections(
     return weight, keep
 
 
-def _token_loss(cfg: ObjectiveConfig, logp: torch.Tensor, p: PreparedBatch) -> TokenLoss:
-    adv = p.advantages_B[:, None].expand_as(logp)
-    old = p.old_logprobs_B_T
+def _token_loss(
+    cfg: ObjectiveConfig, logp: torch.Tensor, old: torch.Tensor, adv_B: torch.Tensor, valid: torch.Tensor
+) -> TokenLoss:
+    adv = adv_B[:, None].expand_as(logp)
     clamp = cfg.log_ratio_clamp
     if cfg.loss == "reinforce":
         return reinforce_loss(logp, old, adv, clamp)
@@ -569,12 +571,17 @@ def _token_loss(cfg: ObjectiveConfig, logp: torch.Tensor, p: PreparedBatch) -> T
     if cfg.loss == "cispo":
         return cispo_loss(logp, old, adv, cfg.eps_low, cfg.eps_high, clamp)
     if cfg.loss == "gspo":
-        return gspo_loss(logp, old, adv, p.valid_B_T, cfg.eps_low, cfg.eps_high, clamp, cfg.dual_clip_c)
+        return gspo_loss(logp, old, adv, valid, cfg.eps_low, cfg.eps_high, clamp, cfg.dual_clip_c)
     raise ConfigError(f"loss must be reinforce, ppo, cispo, gspo or sapo (got {cfg.loss!r})")
 
 
 def policy_loss(
-    cfg: ObjectiveConfig, logprobs_B_T: torch.Tensor, prepared: PreparedBatch, *, device_metrics: bool = False
+    cfg: ObjectiveConfig,
+    logprobs_B_T: torch.Tensor,
+    prepared: PreparedBatch,
+    *,
+    device_metrics: bool = False,
+    compiled: bool = False,
 ) -> tuple[torch.Tensor, Mapping[str, float | torch.Tensor]]:
     """This micro-batch's share of the global loss, and additive metrics (floats; with
     ``device_metrics``, 0-d tensors left on the device for ``combine_metrics`` to read once per step).
@@ -585,36 +592,72 @@ def policy_loss(
     whole-batch gradient. Every returned metric is likewise additive: its sum over
     the micro-batches is the global value (fractions are over the global count of
     valid tokens). ``combine_metrics`` does the summing.
+
+    ``compiled``: the same terms through ``torch.compile`` (``compiled_loss_terms``): a handful of
+    fused kernels, forward and backward, in place of one launch per op.
     """
     valid = prepared.valid_B_T
     if tuple(logprobs_B_T.shape) != tuple(valid.shape):
         raise ConfigError(
             f"logprobs_B_T has shape {tuple(logprobs_B_T.shape)}, expected {tuple(valid.shape)} (the selected rows)"
         )
+    terms = compiled_loss_terms() if compiled else loss_terms
+    total, metrics = terms(
+        cfg,
+        logprobs_B_T,
+        valid,
+        prepared.keep_B_T,
+        prepared.weight_B_T,
+        prepared.advantages_B,
+        prepared.old_logprobs_B_T,
+        prepared.behaviour_logprobs_B_T,
+        prepared.ref_logprobs_B_T,
+        prepared.denominator,
+        prepared.num_valid_tokens,
+        prepared.num_valid_seqs,
+    )
+    return total, (metrics if device_metrics else host_metrics(metrics))
+
+
+def loss_terms(
+    cfg: ObjectiveConfig,
+    logprobs_B_T: torch.Tensor,
+    valid: torch.Tensor,
+    keep: torch.Tensor,
+    weight_B_T: torch.Tensor,
+    advantages_B: torch.Tensor,
+    old_B_T: torch.Tensor,
+    behaviour_B_T: torch.Tensor,
+    ref_B_T: torch.Tensor | None,
+    denominator: float,
+    n: int,
+    n_seqs: int,
+) -> tuple[torch.Tensor, DeviceMetrics]:
+    """``policy_loss`` on a micro-batch's tensors: the loss and its ``DeviceMetrics``.
+
+    Tensors and numbers only, the global counts as arguments rather than attributes, so that
+    ``torch.compile`` (``dynamic=True``) takes them as symbols: one graph serves every batch
+    instead of one per token count."""
     # Padding may hold -inf/nan; `where` keeps it out of values and gradients.
     logp = torch.where(valid, logprobs_B_T, 0.0)
-    tl = _token_loss(cfg, logp, prepared)
-    keep = prepared.keep_B_T
-    n = prepared.num_valid_tokens
+    tl = _token_loss(cfg, logp, old_B_T, advantages_B, valid)
     sums = MetricSums(valid)
     opsm = next((c for c in cfg.corrections if isinstance(c, OPSM)), None)
     if opsm is not None:
-        seq_keep = opsm_mask(logp, prepared.behaviour_logprobs_B_T, prepared.advantages_B, valid, opsm.delta)
+        seq_keep = opsm_mask(logp, behaviour_B_T, advantages_B, valid, opsm.delta)
         dropped = ~seq_keep
         sums.count("opsm/masked_frac", keep & dropped[:, None], n)
-        sums.value("opsm/masked_seq_frac", dropped.sum(dtype=torch.float64) / max(prepared.num_valid_seqs, 1))
+        sums.value("opsm/masked_seq_frac", dropped.sum(dtype=torch.float64) / max(n_seqs, 1))
         keep = keep & seq_keep[:, None]
-    pg_B_T = torch.where(keep, tl.loss_B_T * prepared.weight_B_T, 0.0)  # keep is within valid
+    pg_B_T = torch.where(keep, tl.loss_B_T * weight_B_T, 0.0)  # keep is within valid
     agg = cfg.aggregation
-    pg = aggregate(agg, pg_B_T, valid, prepared.denominator, masked=True)
+    pg = aggregate(agg, pg_B_T, valid, denominator, masked=True)
     total = pg
     sums.value("loss/policy", pg)
     if cfg.kl_coef > 0:
-        assert prepared.ref_logprobs_B_T is not None  # checked in prepare
-        k_B_T = kl_estimate(
-            logp, prepared.ref_logprobs_B_T, cfg.kl_estimator, cfg.log_ratio_clamp, cfg.kl_clamp
-        )
-        kl_term = cfg.kl_coef * aggregate(agg, k_B_T, valid, prepared.denominator)
+        assert ref_B_T is not None  # checked in prepare
+        k_B_T = kl_estimate(logp, ref_B_T, cfg.kl_estimator, cfg.log_ratio_clamp, cfg.kl_clamp)
+        kl_term = cfg.kl_coef * aggregate(agg, k_B_T, valid, denominator)
         total = total + kl_term
         sums.value("loss/ref_kl", kl_term)
         sums.mean(f"ref_kl/{cfg.kl_estimator}", k_B_T, n)
@@ -624,13 +667,12 @@ def policy_loss(
     sums.count("policy/clip_high_frac", high, n)
     sums.count("policy/clip_frac", low | high, n)
     sums.mean("policy/ratio_mean", tl.ratio_B_T, n)
-    sums.mean("policy/abs_log_ratio_mean", (logp.detach() - prepared.old_logprobs_B_T).abs(), n)
+    sums.mean("policy/abs_log_ratio_mean", (logp.detach() - old_B_T).abs(), n)
     if tl.dual_clipped_B_T is not None:
         sums.count("policy/dual_clip_frac", tl.dual_clipped_B_T, n)
     if tl.gate_B_T is not None:
         sums.mean("policy/sapo_gate_mean", tl.gate_B_T, n)
-    metrics = sums.build()
-    return total, (metrics if device_metrics else host_metrics(metrics))
+    return total, sums.build()
 
 
 def combine_metrics(

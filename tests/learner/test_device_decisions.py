@@ -385,3 +385,32 @@ def test_adamw_with_precision_builds_the_kernel_the_decision_names(monkeypatch, 
         opt.step()  # torch's fused CPU kernel stands in for CUDA's: the same arguments are accepted
         assert float(stepped[0].detach()[0]) == pytest.approx(1 - 0.1 * (1 + 0.01), abs=1e-3)
     assert seen == [torch.device("cpu")] * 2
+
+
+CUDA_TRITON = dev.Capabilities(cuda=True, transformer_engine=False, triton=True, **GMM)
+
+
+@pytest.mark.parametrize(
+    "requested, caps, device, want",
+    [
+        ("eager", CPU_GMM, "cpu", False),
+        ("eager", CUDA_TRITON, "cuda", False),  # the default until a GPU measures compiled faster
+        ("compiled", CPU_GMM, "cpu", True),  # inductor's C++ kernels
+        ("compiled", CUDA_TRITON, "cuda", True),
+        ("compiled", CUDA_GMM, "cpu", True),  # learner.device: cpu on a GPU node without Triton
+    ],
+)
+def test_objective_kernel_for_each_combination(requested, caps, device, want):
+    compiled, reason = dev.objective_kernel(requested, torch.device(device), caps)
+    assert compiled is want and reason.startswith(requested)
+
+
+def test_a_compiled_objective_on_cuda_without_triton_is_a_config_error():
+    with pytest.raises(ConfigError, match="objective_kernel: compiled needs Triton on CUDA"):
+        dev.objective_kernel("compiled", torch.device("cuda"), CUDA_GMM)
+
+
+def test_triton_capability_matches_this_machine():
+    import importlib.util
+
+    assert dev.detect_capabilities().triton == (importlib.util.find_spec("triton") is not None)

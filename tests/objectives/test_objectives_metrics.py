@@ -178,7 +178,10 @@ def test_behaviour_diagnostics_equal_a_numpy_reference():
     w = np.exp(lw)
     for q in RATIO_QUANTILES:
         assert got[f"ratio/q{round(q * 100):02d}"] == pytest.approx(np.quantile(w, q), rel=1e-12)
-    assert got["ratio/min"] == w.min() and got["ratio/max"] == w.max()
+    # to an ulp: torch's vectorised exp and numpy's may round the last bit apart on some CPUs
+    assert got["ratio/min"] == pytest.approx(w.min(), rel=1e-15) and got["ratio/max"] == pytest.approx(
+        w.max(), rel=1e-15
+    )
     assert got["ratio/mean"] == pytest.approx(w.mean(), rel=1e-12)
     assert got["mismatch/ess"] == pytest.approx(w.sum() ** 2 / (len(w) * (w**2).sum()), rel=1e-12)
     assert got["mismatch/kl_k1"] == pytest.approx((-lw).mean(), rel=1e-12)
