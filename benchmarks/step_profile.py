@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import time
 from collections import Counter, defaultdict
@@ -329,27 +330,26 @@ def labrl_step(
     return lambda: learner_model.train_step(batch)
 
 
-def profile_shape(name: str, steps: int, device: torch.device, save: Callable[[dict], None]) -> dict:
-    """Both paths on one shape, the first freed before the second is built; ``save`` after each."""
+def profile_paths(name: str, device: torch.device) -> list[tuple[str, Callable[[], Callable[[], object]]]]:
+    """The paths ``profile_shape`` times on ``device``, each as a builder of its step: labrl's, on CUDA
+    labrl's with the objective compiled (what compiling it saves), and bare megatron-core's."""
     cfg, B, T, mbs = SHAPES[name]
-    out: dict = {"shape": cfg.name, "B": B, "T": T, "micro_batch": mbs}
     paths: list[tuple[str, Callable[[], Callable[[], object]]]] = [
         ("labrl", lambda: labrl_step(cfg, B, T, mbs, device))
     ]
-    if device.type == "cuda":  # what compiling the objective would save: the same step with it compiled
-        paths.append(
-            (
-                "labrl_compiled_objective",
-                lambda: labrl_step(cfg, B, T, mbs, device, objective_kernel="compiled"),
-            )
-        )
-    paths.append(
-        (
-            "bare_fp32_master",
-            lambda: megatron_step(cfg, B, T, mbs, "grouped_mm", fp32_master=True, device=device)[0],
-        )
-    )
-    for key, build in paths:
+    if device.type == "cuda":
+        compiled = functools.partial(labrl_step, cfg, B, T, mbs, device, objective_kernel="compiled")
+        paths.append(("labrl_compiled_objective", compiled))
+    bare = functools.partial(megatron_step, cfg, B, T, mbs, "grouped_mm", fp32_master=True, device=device)
+    paths.append(("bare_fp32_master", lambda: bare()[0]))
+    return paths
+
+
+def profile_shape(name: str, steps: int, device: torch.device, save: Callable[[dict], None]) -> dict:
+    """Every path of ``profile_paths`` on one shape, each freed before the next is built; ``save`` after each."""
+    cfg, B, T, mbs = SHAPES[name]
+    out: dict = {"shape": cfg.name, "B": B, "T": T, "micro_batch": mbs}
+    for key, build in profile_paths(name, device):
         if device.type == "cuda":
             free_cuda()
         out[key] = profile(build(), steps, device)

@@ -10,6 +10,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
 from torch.autograd import DeviceType
 
 BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
@@ -182,3 +183,15 @@ def test_the_op_count_books_labrls_reads_to_its_two_copies(tmp_path):
     # the RL objective, the clip and the log-prob gather on top of bare megatron-core's step: 1.33x
     # the ops at main db7a4a6, 1.22x since (benchmarks/README.md, "Step profile")
     assert labrl["ops"] < 1.25 * bare["ops"]
+
+
+def test_on_cuda_the_profile_also_times_the_step_with_the_objective_compiled(monkeypatch):
+    sp = step_profile()
+    built = []
+    monkeypatch.setattr(sp, "labrl_step", lambda *args, **kw: built.append(kw) or "step")
+    monkeypatch.setattr(sp, "megatron_step", lambda *args, **kw: ("bare step", None))
+    paths = dict(sp.profile_paths("tiny", torch.device("cuda")))
+    assert list(paths) == ["labrl", "labrl_compiled_objective", "bare_fp32_master"]
+    assert [paths[k]() for k in paths] == ["step", "step", "bare step"]
+    assert built == [{}, {"objective_kernel": "compiled"}]  # labrl's default, then compiled
+    assert list(dict(sp.profile_paths("tiny", torch.device("cpu")))) == ["labrl", "bare_fp32_master"]
