@@ -9,7 +9,7 @@ from torch._dynamo.exc import TorchDynamoException
 from torch._dynamo.utils import counters
 
 from labrl.harness.learners import LearnerConfig, MegatronLearner, OptimizerConfig
-from labrl.harness.objectives import M2PO, ObjectiveConfig, _objective
+from labrl.harness.objectives import M2PO, TIS, ObjectiveConfig, _objective
 
 
 @pytest.fixture(autouse=True)
@@ -20,27 +20,45 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-def _config(kernel: str) -> LearnerConfig:
-    # two optimizer steps a batch, so the second sees r != 1 and the clip can act
+def _config(kernel: str, minibatches: int = 2, corrections: tuple = (M2PO(tau=0.04),)) -> LearnerConfig:
     return LearnerConfig(
         micro_batch_size=3,
-        minibatches=2,
+        minibatches=minibatches,
         optimizer=OptimizerConfig(lr=1e-3),
-        objective=ObjectiveConfig(corrections=[M2PO(tau=0.04)]),
+        objective=ObjectiveConfig(corrections=list(corrections)),
         objective_kernel=kernel,
     )
 
 
-def test_compiled_trains_as_eager_does(h):
+# each way the learner gets its proximal log-probs (docs/training.md, "Proximal log-probs")
+PATHS = {
+    # two optimizer steps a batch: the separate no-grad forward, and the second step sees r != 1
+    "separate forward": ({"minibatches": 2}, {"learner/proximal_forward": 1.0, "learner/kept_graphs": 0.0}),
+    # one step, M2PO: every loss forward first with its graph kept, prepare, then the backwards
+    "kept graphs": ({"minibatches": 1}, {"learner/proximal_forward": 0.0, "learner/kept_graphs": 3.0}),
+    # one step, no whole-batch term: each micro-batch's own forward and prepare_rows
+    "one forward": (
+        {"minibatches": 1, "corrections": (TIS(),)},
+        {"learner/proximal_forward": 0.0, "learner/kept_graphs": 0.0},
+    ),
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_compiled_trains_as_eager_does(h, path):
     assert LearnerConfig().objective_kernel == "eager"
-    eager, compiled = MegatronLearner(_config("eager")), MegatronLearner(_config("compiled"))
+    kwargs, want = PATHS[path]
+    eager, compiled = (
+        MegatronLearner(_config("eager", **kwargs)),
+        MegatronLearner(_config("compiled", **kwargs)),
+    )
     assert not eager.compiled_objective and compiled.compiled_objective
     for seed in (5, 6):
         batch = h.sampled_batch(h.make_sampler(eager, "fp32"), n=7, max_new=10, seed=seed)
         m_eager, m_compiled = eager.train_step(batch), compiled.train_step(batch)
+        assert {k: m_eager[k] for k in want} == want == {k: m_compiled[k] for k in want}
         for k in ("loss/total", "policy/ratio_mean", "policy/clip_frac", "learner/grad_norm"):
             assert m_compiled[k] == pytest.approx(m_eager[k], rel=1e-4, abs=1e-6), k
-    assert m_eager["learner/optimizer_steps"] == 2.0
     w_eager, w_compiled = eager.export_weights(), compiled.export_weights()
     for k in w_eager:
         torch.testing.assert_close(w_compiled[k], w_eager[k], rtol=1e-4, atol=1e-6)
