@@ -1,10 +1,12 @@
 """``loss_terms`` through ``torch.compile``: the per-micro-batch objective as a few fused kernels.
 
 Eager, a micro-batch's objective is ~40 elementwise and reduction launches forward and ~12 backward
-(``benchmarks/step_profile.py --count-ops``), each over the same (b, T) tokens: on a launch-bound GPU
-step they cost as much as the model's own layers, and on a large one each reads and writes the whole
-(b, T) again. Inductor fuses them: on CPU the forward is one C++ kernel and the backward another;
-on CUDA a few Triton kernels.
+(``benchmarks/step_profile.py --count-ops``), each over the same (b, T) tokens: a launch-bound GPU
+step pays a launch for each, and a large one reads and writes the whole (b, T) again each time.
+Inductor fuses them: on CPU the forward is one C++ kernel and the backward another; on CUDA a few
+Triton kernels. Each call pays dynamo's guards and AOTAutograd's wrappers instead, so it is opt-in
+(``learner.objective_kernel: compiled``): on the CPU it is slower (``benchmarks/compiled_objective.py``),
+on a GPU not yet measured.
 
 One compiled graph serves every batch: ``dynamic=True`` makes the sizes symbols, and the global counts
 (denominator, valid tokens, valid rows) reach ``loss_terms`` as arguments, which dynamo keeps as
