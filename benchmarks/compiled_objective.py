@@ -64,10 +64,7 @@ def measure(name: str, cfg: ObjectiveConfig, B: int, T: int, device: torch.devic
     inputs, logp0 = synthetic(B, T, sigma=0.3)
     if cfg.kl_coef > 0:
         inputs = dataclasses.replace(inputs, ref_logprobs_B_T=inputs.old_logprobs_B_T - 0.1)
-    to = {f.name: getattr(inputs, f.name) for f in dataclasses.fields(inputs)}
-    inputs = dataclasses.replace(
-        inputs, **{k: v.to(device) for k, v in to.items() if isinstance(v, torch.Tensor)}
-    )
+    inputs = inputs.to(device)
     prepared = prepare(cfg, inputs, batch_terms(cfg, inputs.batch))
     logp0 = logp0.to(device)
 

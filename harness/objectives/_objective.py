@@ -60,6 +60,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -195,6 +196,14 @@ class ObjectiveInputs:
             old_logprobs_B_T=old_logprobs_B_T,
             ref_logprobs_B_T=ref_logprobs_B_T,
         )
+
+    def to(self, device: torch.device) -> ObjectiveInputs:
+        """These inputs with every tensor on ``device``."""
+        moved: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if isinstance(value := getattr(self, f.name), torch.Tensor):
+                moved[f.name] = value.to(device)
+        return dataclasses.replace(self, **moved)
 
     @property
     def batch(self) -> BatchInputs:

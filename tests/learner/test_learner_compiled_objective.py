@@ -68,7 +68,7 @@ def test_compiled_trains_as_eager_does(h, path):
 
 
 class _CompileFailed(TorchDynamoException):
-    pass
+    """What dynamo or inductor raises when a compilation fails (their errors derive from it)."""
 
 
 def _failing_compile(monkeypatch) -> None:

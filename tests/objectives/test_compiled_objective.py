@@ -106,3 +106,13 @@ def test_compiled_refuses_a_micro_batch_of_the_wrong_shape_as_eager_does(make_ba
     _, prepared = _prepared(cfg, make_batch, 6, 8, 0)
     with pytest.raises(Exception, match=r"expected \(6, 8\)"):
         policy_loss(cfg, torch.zeros(6, 7), prepared, compiled=True)
+
+
+def test_objective_inputs_move_every_tensor_and_keep_the_rest(make_batch):
+    inputs = make_batch().inputs
+    moved = inputs.to(torch.device("meta"))
+    assert moved.learner_version == inputs.learner_version and moved.ref_logprobs_B_T is None
+    tensors = [
+        f.name for f in dataclasses.fields(inputs) if isinstance(getattr(inputs, f.name), torch.Tensor)
+    ]
+    assert len(tensors) == 6 and all(getattr(moved, name).device.type == "meta" for name in tensors)
