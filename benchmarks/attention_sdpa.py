@@ -22,11 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
 from _results import RESULTS  # beside this script
+from _timing import alternating, device_sync  # beside this script
 from _torch_threads import parse_with_threads  # beside this script
 
 from labrl._warnings import quiet_expected_warnings
@@ -82,23 +82,7 @@ def prefill_mask(B: int, P: int, device: torch.device, seed: int = 0) -> torch.T
 def timed_pair(fns: dict[str, Callable[[], object]], repeats: int, device: torch.device) -> dict[str, float]:
     """Median seconds of each function after one warm-up call each; calls interleaved, in alternating
     order (a shared machine's load, and whatever one call leaves in the caches, hit both alike)."""
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for fn in fns.values():
-        fn()
-    order = list(fns)
-    for _ in range(repeats):
-        for name in order:
-            sync()
-            started = time.perf_counter()
-            fns[name]()
-            sync()
-            times[name].append(time.perf_counter() - started)
-        order.reverse()
+    times = alternating(fns, device_sync(device), rounds=repeats, warmup=1)
     return {name: statistics.median(t) for name, t in times.items()}
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 from _results import RESULTS  # beside this script
+from _timing import device_sync
 from objectives_bench import synthetic
 
 from labrl.harness.objectives import M2PO, ObjectiveConfig, batch_terms, policy_loss, prepare
@@ -42,20 +43,16 @@ OBJECTIVES = {
 }
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def per_call_ms(fn: Callable[[], None], device: torch.device, *, repeats: int, calls: int) -> float:
     """Best over ``repeats`` of the mean time of ``calls`` calls, the device synchronised around each run."""
     best = float("inf")
+    sync = device_sync(device)
     for _ in range(repeats):
-        _sync(device)
+        sync()
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
-        _sync(device)
+        sync()
         best = min(best, (time.perf_counter() - t0) / calls)
     return best * 1e3
 
@@ -78,7 +75,7 @@ def measure(name: str, cfg: ObjectiveConfig, B: int, T: int, device: torch.devic
 
     t0 = time.perf_counter()
     step(True)()  # compiles (a later shape of the same config reuses the graph: dynamic sizes)
-    _sync(device)
+    device_sync(device)()
     first_s = time.perf_counter() - t0
     step(False)()  # warm-up
     calls = 20 if device.type == "cuda" or B * T <= 8192 else 5

@@ -42,6 +42,17 @@ follows the op count, so this runs on CPU and says what a change saves before a 
 
     .venv/bin/python benchmarks/step_profile.py --count-ops --device cpu --shapes tiny --objective both
 
+``--host-time`` times instead of profiling, at a shape with next to no arithmetic (``host``: the tiny
+shape's model and two micro-batches, B=4 T=8): labrl's step, labrl's with the objective compiled and
+bare megatron-core's, called in turn for ``--rounds`` rounds after a warm-up (the device waited for
+around each call; on CPU one intra-op thread, as a GPU step's host side has), each path's median
+milliseconds and ``bare/path``, the median of the rounds' ratios. There the step is host time: the
+Python and dispatch of every op, which is what a launch-bound GPU step waits on (the H200's tiny
+shape: 29-59 ms for about a thousand ops, tens of microseconds each), so its ratio says on CPU what
+a change does to that shape, in time where ``--count-ops`` says it in ops:
+
+    .venv/bin/python benchmarks/step_profile.py --host-time --device cpu
+
     python3 benchmarks/step_profile.py                       # on a GPU node: both shapes (~1 min)
     .venv/bin/python benchmarks/step_profile.py --device cpu --shapes tiny --steps 1   # CPU smoke run
 """
@@ -52,6 +63,7 @@ import argparse
 import contextlib
 import functools
 import json
+import statistics
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator
@@ -60,6 +72,7 @@ from unittest import mock
 
 import torch
 from _results import RESULTS  # beside this script
+from _timing import alternating, device_sync, paired_ratio
 from gpu_learner import BIG_MODEL, QUICKSTART_MODEL, free_cuda, megatron_step, synthetic_batch
 from torch.autograd import DeviceType
 from torch.overrides import TorchFunctionMode
@@ -71,7 +84,11 @@ from labrl.harness.learners import megatron as megatron_learner
 from labrl.harness.learners.megatron import PHASE_PREFIX
 from labrl.harness.objectives import M2PO, ObjectiveConfig
 
-SHAPES = {"tiny": (QUICKSTART_MODEL, 64, 200, 32), "big": (BIG_MODEL, 16, 2048, 2)}
+SHAPES = {
+    "tiny": (QUICKSTART_MODEL, 64, 200, 32),
+    "big": (BIG_MODEL, 16, 2048, 2),
+    "host": (QUICKSTART_MODEL, 4, 8, 2),  # next to no arithmetic: the step is host time (--host-time)
+}
 HOST_READS = ("aten::_local_scalar_dense", "aten::nonzero")
 # the objectives labrl's step runs under: the learner's default, and the quickstart configs' one
 OBJECTIVES = {
@@ -178,10 +195,7 @@ def profile(step: Callable[[], object], steps: int, device: torch.device) -> dic
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
+    sync = device_sync(device)
     step()
     sync()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -330,16 +344,19 @@ def labrl_step(
     return lambda: learner_model.train_step(batch)
 
 
-def profile_paths(name: str, device: torch.device) -> list[tuple[str, Callable[[], Callable[[], object]]]]:
-    """The paths ``profile_shape`` times on ``device``, each as a builder of its step: labrl's, on CUDA
-    labrl's with the objective compiled (what compiling it saves), and bare megatron-core's."""
+def profile_paths(
+    name: str, device: torch.device, *, compiled: bool | None = None
+) -> list[tuple[str, Callable[[], Callable[[], object]]]]:
+    """The paths ``profile_shape`` times on ``device``, each as a builder of its step: labrl's, labrl's
+    with the objective compiled (what compiling it saves; ``compiled`` None: on CUDA only), and bare
+    megatron-core's."""
     cfg, B, T, mbs = SHAPES[name]
     paths: list[tuple[str, Callable[[], Callable[[], object]]]] = [
         ("labrl", lambda: labrl_step(cfg, B, T, mbs, device))
     ]
-    if device.type == "cuda":
-        compiled = functools.partial(labrl_step, cfg, B, T, mbs, device, objective_kernel="compiled")
-        paths.append(("labrl_compiled_objective", compiled))
+    if device.type == "cuda" if compiled is None else compiled:
+        compiled_step = functools.partial(labrl_step, cfg, B, T, mbs, device, objective_kernel="compiled")
+        paths.append(("labrl_compiled_objective", compiled_step))
     bare = functools.partial(megatron_step, cfg, B, T, mbs, "grouped_mm", fp32_master=True, device=device)
     paths.append(("bare_fp32_master", lambda: bare()[0]))
     return paths
@@ -357,6 +374,47 @@ def profile_shape(name: str, steps: int, device: torch.device, save: Callable[[d
     out["diff"] = ops_diff(out["labrl"], out["bare_fp32_master"])
     save(out)
     return out
+
+
+@contextlib.contextmanager
+def host_threads(device: torch.device) -> Iterator[None]:
+    """On CPU one intra-op thread for the block (a GPU step's host side is one thread), restored after."""
+    if device.type != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def host_time_shape(name: str, rounds: int, device: torch.device) -> dict:
+    """``profile_paths`` (the compiled objective among them) timed in alternation (module docstring):
+    per path the median and fastest call, and ``bare_over_path``, the median of the rounds' ratios."""
+    cfg, B, T, mbs = SHAPES[name]
+    with host_threads(device), fused_adamw():
+        steps = {key: build() for key, build in profile_paths(name, device, compiled=True)}
+        times = alternating(steps, device_sync(device), rounds=rounds, warmup=3)
+    bare = times["bare_fp32_master"]
+    out: dict = {"shape": cfg.name, "B": B, "T": T, "micro_batch": mbs, "rounds": rounds}
+    for key, seconds in times.items():
+        out[key] = {
+            "median_ms": statistics.median(seconds) * 1e3,
+            "min_ms": min(seconds) * 1e3,
+            "bare_over_path": paired_ratio(bare, seconds),
+        }
+    return out
+
+
+def print_host_time(res: dict) -> None:
+    print(f"\n{res['shape']}: B={res['B']} T={res['T']} micro-batch {res['micro_batch']}, "
+          f"{res['rounds']} alternating rounds, ms a step")  # fmt: skip
+    print(f"{'path':26} {'median':>8} {'fastest':>8} {'bare/path':>10}")
+    for key, r in res.items():
+        if isinstance(r, dict):
+            print(f"{key:26} {r['median_ms']:8.2f} {r['min_ms']:8.2f} {r['bare_over_path']:10.3f}")
 
 
 def print_shape(res: dict) -> None:
@@ -384,10 +442,19 @@ def print_shape(res: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (a smoke run)")
-    ap.add_argument("--shapes", default="big,tiny", help=f"which of {','.join(SHAPES)}")
+    ap.add_argument(
+        "--shapes", default=None, help=f"which of {','.join(SHAPES)} (default big,tiny; --host-time: host)"
+    )
     ap.add_argument("--steps", type=int, default=2, help="profiled steps per path, after one warm-up")
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--count-ops", action="store_true", help="count each path's device ops, do not time them")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--count-ops", action="store_true", help="count each path's device ops, do not time them"
+    )
+    mode.add_argument(
+        "--host-time", action="store_true", help="time the paths in alternating rounds, without the profiler"
+    )
+    ap.add_argument("--rounds", type=int, default=30, help="--host-time: rounds of one call of each path")
     ap.add_argument(
         "--objective",
         default="default",
@@ -397,17 +464,21 @@ def main(argv: list[str] | None = None) -> int:
     objectives = list(OBJECTIVES) if args.objective == "both" else [args.objective]
     if unknown := set(objectives) - set(OBJECTIVES):
         ap.error(f"--objective: unknown {sorted(unknown)}; choose from {', '.join(OBJECTIVES)} or both")
-    shapes = [s for s in args.shapes.split(",") if s]
+    shapes = [s for s in (args.shapes or ("host" if args.host_time else "big,tiny")).split(",") if s]
     if unknown := set(shapes) - set(SHAPES):
         ap.error(f"--shapes: unknown {sorted(unknown)}; choose from {','.join(SHAPES)}")
+    if "host" in shapes and not args.host_time:
+        ap.error("--shapes host is --host-time's shape (its arithmetic is next to none: nothing to profile)")
     if args.steps < 1:
         ap.error("--steps must be at least 1")
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("step_profile: no CUDA device here (--device cpu for the smoke run)")
         return 0
     quiet_expected_warnings()
-    kind = "op_count" if args.count_ops else "step_profile"
+    kind = "op_count" if args.count_ops else "host_time" if args.host_time else "step_profile"
     out_path = args.out or RESULTS / f"{kind}_{device.type}.json"
     out_path.parent.mkdir(parents=True, exist_ok=True)
     result: dict = {
@@ -417,13 +488,17 @@ def main(argv: list[str] | None = None) -> int:
     }
 
     def save(
-        partial: dict,
+        partial: dict, key: str | None = None
     ) -> None:  # after every path: a run stopped at its time limit keeps what it measured
-        result["shapes"][partial["shape"]] = partial
+        result["shapes"][key or partial["shape"]] = partial
         out_path.write_text(json.dumps(result, indent=1))
 
     for name in shapes:
-        if args.count_ops:
+        if args.host_time:  # keyed by the shape's name: "host" and "tiny" share a model
+            timed = host_time_shape(name, args.rounds, device)
+            save(timed, name)
+            print_host_time(timed)
+        elif args.count_ops:
             counts = count_shape(name, objectives, device)
             save(counts)
             print_counts(counts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import sys
@@ -195,3 +196,56 @@ def test_on_cuda_the_profile_also_times_the_step_with_the_objective_compiled(mon
     assert [paths[k]() for k in paths] == ["step", "step", "bare step"]
     assert built == [{}, {"objective_kernel": "compiled"}]  # labrl's default, then compiled
     assert list(dict(sp.profile_paths("tiny", torch.device("cpu")))) == ["labrl", "bare_fp32_master"]
+
+
+def test_host_time_calls_every_path_in_turn_on_one_thread_and_divides_per_round(monkeypatch):
+    sp = step_profile()
+    calls: list[tuple[str, int]] = []
+    now = [0.0]
+    seconds = {"labrl": 2.0, "compiled": 4.0, "bare": 1.0}  # a call's length on the fake clock
+
+    def fake(name):
+        def step():
+            calls.append((name, torch.get_num_threads()))
+            now[0] += seconds[name]
+
+        return step
+
+    monkeypatch.setattr(sp, "labrl_step", lambda *a, **kw: fake("compiled" if kw else "labrl"))
+    monkeypatch.setattr(sp, "megatron_step", lambda *a, **kw: (fake("bare"), None))
+    monkeypatch.setattr(sp, "alternating", functools.partial(sp.alternating, clock=lambda: now[0]))
+    threads = torch.get_num_threads()
+    res = sp.host_time_shape("host", 2, torch.device("cpu"))
+    assert torch.get_num_threads() == threads  # restored
+    assert {n for _, n in calls} == {1}  # every call on one intra-op thread
+    warm_up = ["labrl"] * 3 + ["compiled"] * 3 + ["bare"] * 3
+    rounds = ["labrl", "compiled", "bare", "bare", "compiled", "labrl"]  # in turn, reversed every other round
+    assert [name for name, _ in calls] == warm_up + rounds
+    assert (res["B"], res["T"], res["micro_batch"], res["rounds"]) == (4, 8, 2, 2)
+    assert res["labrl"] == pytest.approx({"median_ms": 2e3, "min_ms": 2e3, "bare_over_path": 0.5})
+    assert res["labrl_compiled_objective"]["bare_over_path"] == pytest.approx(0.25)
+    assert res["bare_fp32_master"]["bare_over_path"] == 1.0
+
+
+def test_the_cpu_host_time_run_writes_each_paths_time_and_ratio(tmp_path):
+    out = tmp_path / "host.json"
+    assert step_profile().main(["--host-time", "--device", "cpu", "--rounds", "2", "--out", str(out)]) == 0
+    shape = json.loads(out.read_text())["shapes"]["host"]
+    assert (shape["shape"], shape["B"], shape["T"]) == ("tiny-moe", 4, 8)
+    assert shape["bare_fp32_master"]["bare_over_path"] == 1.0
+    for key in ("labrl", "labrl_compiled_objective"):
+        r = shape[key]
+        assert 0 < r["min_ms"] <= r["median_ms"] and 0 < r["bare_over_path"] < 10
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--host-time", "--rounds", "0"],
+        ["--shapes", "host"],  # nothing to profile there
+        ["--host-time", "--count-ops"],
+    ],
+)
+def test_bad_host_time_arguments_are_refused(args):
+    with pytest.raises(SystemExit):
+        step_profile().main(["--device", "cpu", *args])
