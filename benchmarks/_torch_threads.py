@@ -1,4 +1,5 @@
-"""The ``--threads`` option of the torch benchmarks: torch's intra-op threads for the whole run.
+"""The ``--threads`` option of the torch benchmarks: torch's intra-op threads for the whole run; and
+``one_thread_on_cpu``, one intra-op thread for a block timed as a GPU step's host side.
 
 Imported by the scripts beside it (``python benchmarks/<script>.py`` puts this folder on ``sys.path``).
 """
@@ -6,6 +7,8 @@ Imported by the scripts beside it (``python benchmarks/<script>.py`` puts this f
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 
 import torch
 
@@ -17,3 +20,18 @@ def parse_with_threads(parser: argparse.ArgumentParser, *, default: int) -> argp
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     return args
+
+
+@contextlib.contextmanager
+def one_thread_on_cpu(device: torch.device) -> Iterator[None]:
+    """On CPU one intra-op thread for the block (a GPU step's host side is one thread, and a fixed
+    count keeps timings on a shared machine comparable), restored after; elsewhere nothing."""
+    if device.type != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -23,11 +23,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from _quickstart import quickstart_objective
 from _results import RESULTS  # beside this script
 from _timing import device_sync
+from _torch_threads import one_thread_on_cpu
 from objectives_bench import synthetic
 
-from labrl.harness.objectives import M2PO, ObjectiveConfig, batch_terms, policy_loss, prepare
+from labrl.harness.objectives import ObjectiveConfig, batch_terms, policy_loss, prepare
 
 # "no work": 16 tokens, so a call's time is its host cost (dispatch and launches eager; guards,
 # wrappers and the fused kernels compiled), what a launch-bound GPU step pays
@@ -39,7 +41,7 @@ SHAPES = {
 }
 OBJECTIVES = {
     "default": ObjectiveConfig(),
-    "quickstart": ObjectiveConfig(corrections=[M2PO(tau=0.04)], kl_coef=0.1),
+    "quickstart": quickstart_objective(),
 }
 
 
@@ -102,25 +104,24 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print("compiled_objective: no CUDA device here")
         return 0
-    if device.type == "cpu":
-        torch.set_num_threads(1)
     out_path = args.out or RESULTS / f"compiled_objective_{device.type}.json"
+    out_path.parent.mkdir(parents=True, exist_ok=True)
     rows = []
     print(f"policy_loss forward + backward per micro-batch on {device} (best of {args.repeats})")
     print(
         f"{'objective':11} {'B x T':>10} {'eager ms':>9} {'compiled ms':>12} {'eager/compiled':>15} {'1st call s':>11}"
     )
-    for name, cfg in OBJECTIVES.items():
-        for B, T in SHAPES.values():
-            r = measure(name, cfg, B, T, device, args.repeats)
-            rows.append(r)
-            print(f"{name:11} {f'{B} x {T}':>10} {r['eager_ms']:9.3f} {r['compiled_ms']:12.3f} "
-                  f"{r['eager_over_compiled']:15.2f} {r['first_compiled_call_s']:11.1f}")  # fmt: skip
-            # after every row: a run stopped at its time limit keeps what it measured
-            out_path.parent.mkdir(parents=True, exist_ok=True)
-            out_path.write_text(
-                json.dumps({"device": str(device), "torch": torch.__version__, "rows": rows}, indent=1)
-            )
+    with one_thread_on_cpu(device):
+        for name, cfg in OBJECTIVES.items():
+            for B, T in SHAPES.values():
+                r = measure(name, cfg, B, T, device, args.repeats)
+                rows.append(r)
+                print(f"{name:11} {f'{B} x {T}':>10} {r['eager_ms']:9.3f} {r['compiled_ms']:12.3f} "
+                      f"{r['eager_over_compiled']:15.2f} {r['first_compiled_call_s']:11.1f}")  # fmt: skip
+                # after every row: a run stopped at its time limit keeps what it measured
+                out_path.write_text(
+                    json.dumps({"device": str(device), "torch": torch.__version__, "rows": rows}, indent=1)
+                )
     print(f"wrote {out_path}")
     return 0
 

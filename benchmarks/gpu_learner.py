@@ -64,6 +64,7 @@ import time
 from pathlib import Path
 
 import torch
+from _quickstart import quickstart_learner_fields  # beside this script
 from _results import RESULTS  # beside this script
 from _timing import Timing, windowed  # beside this script
 from attention_sdpa import core_attention_rows, print_rows  # beside this script
@@ -71,7 +72,6 @@ from attention_sdpa import core_attention_rows, print_rows  # beside this script
 from labrl._warnings import quiet_expected_warnings
 from labrl.harness.learners import LearnerConfig, MegatronLearner
 from labrl.harness.models import MoEModelConfig, get_preset
-from labrl.harness.objectives import M2PO, ObjectiveConfig
 from labrl.harness.rollout.batching import collate
 from labrl.harness.types import Trajectory
 
@@ -215,7 +215,7 @@ def bench_labrl_m2po(cfg: MoEModelConfig, B: int, T: int, mbs: int, repeats: int
     free_cuda()
     config = LearnerConfig(
         model=cfg, micro_batch_size=mbs, router_replay=False, precision="bf16", experts=experts,
-        objective=ObjectiveConfig(loss="cispo", corrections=[M2PO(tau=0.04)], kl_coef=0.1), reference="initial",
+        **quickstart_learner_fields(),
     )  # fmt: skip
     batch = synthetic_batch(cfg, B, T)
     timing, learner = timed_train_step(config, batch, repeats)

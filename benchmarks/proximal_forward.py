@@ -25,20 +25,17 @@ import statistics
 import time
 
 import torch
+from _quickstart import quickstart_learner_fields  # beside this script
 from _results import write_json  # beside this script
 from _torch_threads import parse_with_threads  # beside this script
 
 from labrl.harness.learners import LearnerConfig, MegatronLearner
-from labrl.harness.objectives import M2PO, ObjectiveConfig
 from labrl.harness.rollout.batching import collate
 from labrl.harness.types import TrainBatch, Trajectory
 
 PROMPT, SCORED = 234, 16
 # configs/quickstart.yaml's objective and reference
-QUICKSTART_OBJECTIVE = {
-    "objective": ObjectiveConfig(loss="cispo", corrections=[M2PO(tau=0.04)], kl_coef=0.1),
-    "reference": "initial",
-}
+QUICKSTART_OBJECTIVE = quickstart_learner_fields()
 
 
 def make_batch(learner: MegatronLearner, batch: int) -> TrainBatch:

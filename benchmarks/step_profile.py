@@ -71,8 +71,10 @@ from pathlib import Path
 from unittest import mock
 
 import torch
+from _quickstart import quickstart_learner_fields
 from _results import RESULTS  # beside this script
 from _timing import alternating, device_sync, paired_ratio
+from _torch_threads import one_thread_on_cpu
 from gpu_learner import BIG_MODEL, QUICKSTART_MODEL, free_cuda, megatron_step, synthetic_batch
 from torch.autograd import DeviceType
 from torch.overrides import TorchFunctionMode
@@ -82,7 +84,6 @@ from labrl._warnings import quiet_expected_warnings
 from labrl.harness.learners import LearnerConfig, MegatronLearner
 from labrl.harness.learners import megatron as megatron_learner
 from labrl.harness.learners.megatron import PHASE_PREFIX
-from labrl.harness.objectives import M2PO, ObjectiveConfig
 
 SHAPES = {
     "tiny": (QUICKSTART_MODEL, 64, 200, 32),
@@ -93,10 +94,7 @@ HOST_READS = ("aten::_local_scalar_dense", "aten::nonzero")
 # the objectives labrl's step runs under: the learner's default, and the quickstart configs' one
 OBJECTIVES = {
     "default": {},
-    "quickstart": {
-        "objective": ObjectiveConfig(loss="cispo", corrections=[M2PO(tau=0.04)], kl_coef=0.1),
-        "reference": "initial",
-    },
+    "quickstart": quickstart_learner_fields(),
 }
 NOT_LAUNCHES = frozenset(
     {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "scalar_tensor",
@@ -376,25 +374,11 @@ def profile_shape(name: str, steps: int, device: torch.device, save: Callable[[d
     return out
 
 
-@contextlib.contextmanager
-def host_threads(device: torch.device) -> Iterator[None]:
-    """On CPU one intra-op thread for the block (a GPU step's host side is one thread), restored after."""
-    if device.type != "cpu":
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def host_time_shape(name: str, rounds: int, device: torch.device) -> dict:
     """``profile_paths`` (the compiled objective among them) timed in alternation (module docstring):
     per path the median and fastest call, and ``bare_over_path``, the median of the rounds' ratios."""
     cfg, B, T, mbs = SHAPES[name]
-    with host_threads(device), fused_adamw():
+    with one_thread_on_cpu(device), fused_adamw():
         steps = {key: build() for key, build in profile_paths(name, device, compiled=True)}
         times = alternating(steps, device_sync(device), rounds=rounds, warmup=3)
     bare = times["bare_fp32_master"]
