@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from labrl.envs.base import Env
 from labrl.harness.learners.config import lr_factor
@@ -44,6 +44,12 @@ class SFTSection(BaseModel):
     steps: int = Field(default=100, ge=1)
     batch_size: int = Field(default=16, ge=1)
     lr: float = Field(default=1e-3, gt=0)
+    warmup_steps: int = Field(
+        default=0,
+        ge=0,
+        description="linear warmup to lr over the first steps (the learner's lr_factor): Adam's first "
+        "updates are about lr per weight whatever the gradient, which a wide model's logits may not survive",
+    )
     schedule: Literal["constant", "cosine"] = Field(
         default="constant",
         description="cosine: the lr decays to lr * min_lr_ratio at the last step, so the format is learned "
@@ -53,6 +59,15 @@ class SFTSection(BaseModel):
         default=0.1, ge=0, le=1, description="the cosine schedule's floor, as a fraction of lr"
     )
     num_prompts: int = Field(default=256, ge=1, description="distinct train prompts to cycle through")
+
+    @model_validator(mode="after")
+    def _warmup_within_steps(self) -> SFTSection:
+        if self.warmup_steps >= self.steps:
+            raise ValueError(
+                f"sft.warmup_steps={self.warmup_steps} >= sft.steps={self.steps}: the lr would never reach "
+                "sft.lr; use fewer warmup steps"
+            )
+        return self
 
 
 async def sft_prompts(
@@ -94,8 +109,14 @@ async def run_sft(
 ) -> list[dict[str, Any]]:
     """Warm-start ``model``; returns one record per step done.
 
-    ``should_stop`` is polled before each step (and the event loop gets a turn
-    between steps, so its signal handlers run): True ends the warm start early.
+    ``should_stop`` is polled before each step: True ends the warm start early.
+    Each step runs in a worker thread, so the event loop (and the signal
+    handlers a stop comes from) stays live while it computes: a stop asked
+    during step k ends the warm start after it. Run on the loop, a single
+    ``sleep(0)`` between steps is not enough for that: asyncio's signal
+    delivery takes three loop turns (wakeup fd, ``_handle_signal``, the
+    handler), and two more steps ran (minutes each at the h100 config's size
+    on CPU).
     """
     env = make_env()
     rng = random.Random(seed)
@@ -106,26 +127,11 @@ async def run_sft(
     # the learner's precision rule: bf16 parameters are stepped through fp32 master weights
     opt, master = adamw_with_precision(params, lr=cfg.lr)
     end = [tokenizer.stop_token_ids[0]]
-    model.train()
-    history = []
-    started = time.perf_counter()
-    for step in range(cfg.steps):
-        await asyncio.sleep(0)  # let the loop run signal handlers: a step blocks it
-        if should_stop is not None and should_stop():
-            break
-        factor = lr_factor(
-            step, schedule=cfg.schedule, warmup_steps=0, total_steps=cfg.steps, min_lr_ratio=cfg.min_lr_ratio
-        )
+
+    def optimizer_step(tokens: torch.Tensor, target: torch.Tensor, lr: float) -> float:
+        """One AdamW step on the mean target-token NLL; returns the loss."""
         for group in opt.param_groups:
-            group["lr"] = cfg.lr * factor
-        rows = []
-        for _ in range(cfg.batch_size):
-            task, prompt = prompts[rng.randrange(len(prompts))]
-            reply = tokenizer.encode(env.random_action(task, rng).text) + end
-            rows.append((prompt + reply, len(prompt)))
-        tokens, target = _batch(
-            rows, tokenizer.pad_token_id
-        )  # on the host, copied to the model's device once
+            group["lr"] = lr
         tokens, target = tokens.to(device), target.to(device)
         positions, attention_mask = causal(*tokens.shape)
         logits = model(input_ids=tokens, position_ids=positions, attention_mask=attention_mask)
@@ -143,14 +149,33 @@ async def run_sft(
         opt.step()
         if master is not None:
             master.copy_to_model()
-        record = {
-            "sft_step": step + 1,
-            "loss": float(loss.detach()),
-            "lr": cfg.lr * factor,
-            "time_s": time.perf_counter() - started,
-        }
-        history.append(record)
-        if on_step is not None:
-            on_step(record)
-    await env.close()
+        return float(loss.detach())
+
+    model.train()
+    history = []
+    started = time.perf_counter()
+    try:
+        for step in range(cfg.steps):
+            if should_stop is not None and should_stop():
+                break
+            lr = cfg.lr * lr_factor(
+                step,
+                schedule=cfg.schedule,
+                warmup_steps=cfg.warmup_steps,
+                total_steps=cfg.steps,
+                min_lr_ratio=cfg.min_lr_ratio,
+            )
+            rows = []
+            for _ in range(cfg.batch_size):
+                task, prompt = prompts[rng.randrange(len(prompts))]
+                reply = tokenizer.encode(env.random_action(task, rng).text) + end
+                rows.append((prompt + reply, len(prompt)))
+            tokens, target = _batch(rows, tokenizer.pad_token_id)  # on the host, copied to the device once
+            loss = await asyncio.to_thread(optimizer_step, tokens, target, lr)
+            record = {"sft_step": step + 1, "loss": loss, "lr": lr, "time_s": time.perf_counter() - started}
+            history.append(record)
+            if on_step is not None:
+                on_step(record)
+    finally:
+        await env.close()
     return history

@@ -22,7 +22,7 @@ SHRINK = [
     "model.overrides.num_layers=2", "model.overrides.hidden_size=64", "model.overrides.num_attention_heads=4",
     "model.overrides.ffn_hidden_size=128", "model.overrides.num_experts=4", "model.overrides.moe_router_topk=2",
     "model.overrides.moe_ffn_hidden_size=64",
-    "sft.steps=2", "sft.batch_size=2", "sft.num_prompts=2",
+    "sft.steps=2", "sft.warmup_steps=1", "sft.batch_size=2", "sft.num_prompts=2",
     "pipeline.total_steps=2", "pipeline.eval_every=2", "pipeline.eval_size=4", "pipeline.batch_groups=2",
     "pipeline.group_size=2", "pipeline.max_concurrent_episodes=8", "pipeline.progress=false",
     "pipeline.dynamic_sampling=false", "pipeline.retry_all_wrong=0", "objective.advantages=whiten",
@@ -52,3 +52,6 @@ def test_the_h100_config_trains_end_to_end_on_cpu_shrunk(tmp_path, capsys, monke
     evals = [json.loads(x) for x in (run / "eval.jsonl").read_text().splitlines()]
     assert [e["step"] for e in evals] == [0, 2]
     assert (run / "checkpoints" / "latest").read_text() == "step_000002"
+    # the config's warmup (shrunk to 1 of the 2 steps): half the warm-start lr, then all of it
+    sft = [json.loads(x) for x in (run / "sft.jsonl").read_text().splitlines()]
+    assert [r["lr"] for r in sft] == [2.5e-4, 5e-4]
