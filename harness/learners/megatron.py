@@ -247,6 +247,7 @@ class MegatronLearner:
         model-parallel rank calls it and gets the TP=1/EP=1 state
         (``labrl.harness.learners.model_parallel.gather_full_state``).
         """
+        dev.make_current(self.device)  # the orchestrator calls from a worker thread (see train_step)
         local = {
             k: v.detach().clone()
             for k, v in self.model.state_dict().items()
@@ -255,6 +256,9 @@ class MegatronLearner:
         return gather_full_state(local, num_experts=self.config.model.num_experts)
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        # the orchestrator calls from a worker thread, and CUDA's current device is per thread (a new
+        # one starts on device 0): megatron allocates on the current device, not on the model's
+        dev.make_current(self.device)
         cfg = self.config
         started = time.perf_counter()
         with phase("batch_checks"):  # on the host copy, before the one copy to the device

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from labrl.envs.base import Env
 from labrl.harness.learners.config import lr_factor
 from labrl.harness.learners.precision import adamw_with_precision
+from labrl.harness.models import device as dev
 from labrl.harness.models.build import CausalInputs
 from labrl.harness.tokenizer import Tokenizer
 
@@ -130,6 +131,7 @@ async def run_sft(
 
     def optimizer_step(tokens: torch.Tensor, target: torch.Tensor, lr: float) -> float:
         """One AdamW step on the mean target-token NLL; returns the loss."""
+        dev.make_current(device)  # a worker thread starts on CUDA device 0, whatever the model's is
         for group in opt.param_groups:
             group["lr"] = lr
         tokens, target = tokens.to(device), target.to(device)

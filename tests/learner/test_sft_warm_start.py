@@ -89,3 +89,35 @@ def test_a_signal_during_a_step_stops_the_warm_start_after_that_step():
     history = asyncio.run(go())
     assert asked == ["SIGINT"]
     assert [r["sft_step"] for r in history] == [1, 2]
+
+
+@pytest.mark.timeout(300)
+def test_each_worker_thread_makes_the_model_device_current(monkeypatch, h):
+    """CUDA's current device is per thread and a new thread starts on device 0, so the warm-start
+    step, the learner's step and its export (all run in worker threads) make the model's device
+    current in the thread that computes (``make_current`` is a no-op on CPU: recorded here)."""
+    import threading
+
+    import torch
+
+    from labrl.harness.models import device as dev
+
+    calls: list[tuple[str, int]] = []
+    real = dev.make_current
+
+    def record(device: torch.device) -> None:
+        calls.append((str(device), threading.get_ident()))
+        real(device)
+
+    monkeypatch.setattr(dev, "make_current", record)
+    learner = MegatronLearner(LearnerConfig())  # the tiny preset: h's sampler builds that shape
+    batch = h.sampled_batch(h.make_sampler(learner, "fp32"), n=2, max_new=4)
+    calls.clear()  # building the model makes its device current on this thread too
+    cfg = SFTSection(enabled=True, steps=2, batch_size=2, num_prompts=4)
+    asyncio.run(run_sft(learner.model, lambda: make("xrd/phase-id-v0"), ByteTokenizer(), cfg))
+    main = threading.get_ident()
+    assert len(calls) == 2 and all(d == "cpu" and t != main for d, t in calls)
+    calls.clear()
+    asyncio.run(asyncio.to_thread(learner.export_weights))
+    asyncio.run(asyncio.to_thread(learner.train_step, batch))
+    assert [d for d, _ in calls] == ["cpu", "cpu"] and all(t != main for _, t in calls)
