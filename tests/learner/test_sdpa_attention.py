@@ -94,6 +94,9 @@ def test_fp32_forward_and_gradients_equal_megatron(cfg, native_gqa, mask_name, m
     assert_same(outputs_and_grads(unfused, q, k, v, mask), outputs_and_grads(sdpa, q, k, v, mask), FP32_TOL)
 
 
+BF16_ROUNDING = 2.0**-8  # bf16's unit roundoff: the relative error of rounding one value to bf16
+
+
 def relative_errors(result, exact) -> list[float]:
     """Largest error of the output and of each gradient, relative to the exact tensor's largest magnitude."""
     (out, grads), (out_x, grads_x) = result, exact
@@ -106,7 +109,10 @@ def relative_errors(result, exact) -> list[float]:
 @pytest.mark.parametrize("mask_name", list(MASKS))
 def test_bf16_is_within_tolerance_and_no_further_from_exact_than_megatron(mask_name):
     """On the same bf16 inputs, against the fp64 result: SDPA's relative error <= BF16_TOL, and not
-    above megatron's own bf16 error (measured: SDPA 0.3-1.2 %, megatron 0.3-3 %)."""
+    above megatron's own bf16 error (measured: SDPA 0.3-1.2 %, megatron 0.3-3 %) unless both are
+    within one bf16 rounding (2**-8 relative): rounding the result to bf16 alone costs that much, and
+    below it which path wins depends on the CPU's kernels (an AVX2 machine: SDPA 0.37 %, megatron
+    0.28 % on dv; where the test was written SDPA was ahead on every tensor)."""
     mask = MASKS[mask_name]()
     bf16 = [x.detach().to(torch.bfloat16).requires_grad_() for x in qkv()]
     exact_inputs = [x.detach().double().requires_grad_() for x in bf16]
@@ -115,7 +121,10 @@ def test_bf16_is_within_tolerance_and_no_further_from_exact_than_megatron(mask_n
     sdpa_err = relative_errors(outputs_and_grads(sdpa, *bf16, mask), exact)
     megatron_err = relative_errors(outputs_and_grads(unfused, *bf16, mask), exact)
     assert max(sdpa_err) <= BF16_TOL, sdpa_err
-    assert all(s <= 1.1 * m for s, m in zip(sdpa_err, megatron_err, strict=True)), (sdpa_err, megatron_err)
+    assert all(s <= max(1.1 * m, BF16_ROUNDING) for s, m in zip(sdpa_err, megatron_err, strict=True)), (
+        sdpa_err,
+        megatron_err,
+    )
 
 
 def test_a_fully_blocked_row_is_the_mean_of_the_values_as_in_megatron():
