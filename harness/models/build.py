@@ -46,6 +46,7 @@ def ensure_model_parallel(parallel: ParallelConfig, device: torch.device | str =
     with _init_lock:
         apply_workarounds(dev.workarounds(device, caps))
         backend = dev.process_group_backend(device)
+        dev.make_current(device)  # NCCL binds this rank's communicators to the current device
         if not torch.distributed.is_initialized():
             if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
                 torch.distributed.init_process_group(backend=backend, init_method="env://")

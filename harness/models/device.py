@@ -30,7 +30,9 @@ objective          eager (compiled asked)  eager (compiled asked: needs Triton) 
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -62,7 +64,9 @@ class Capabilities:
     transformer_engine: bool
     grouped_gemm: bool = False  # fanshiqing/grouped_gemm: megatron-core's legacy GroupedMLP without TE
     torch_grouped_mm: bool = False  # torch.nn.functional.grouped_mm (torch >= 2.10): TorchGroupedMLP
-    cuda_index: int = 0  # the current CUDA device when detected: what a bare ``cuda`` means
+    cuda_index: int = (
+        0  # this process's CUDA device (``process_cuda_index``): what ``auto`` and a bare ``cuda`` mean
+    )
     triton: bool = False  # what torch.compile's inductor generates CUDA kernels with
 
 
@@ -70,12 +74,46 @@ def detect_capabilities() -> Capabilities:
     cuda = torch.cuda.is_available()
     return Capabilities(
         cuda=cuda,
-        cuda_index=torch.cuda.current_device() if cuda else 0,
+        cuda_index=process_cuda_index(
+            os.environ, device_count=torch.cuda.device_count(), current=torch.cuda.current_device()
+        )
+        if cuda
+        else 0,
         transformer_engine=_importable("transformer_engine.pytorch"),
         grouped_gemm=_importable("grouped_gemm"),
         torch_grouped_mm=hasattr(torch.nn.functional, "grouped_mm"),
         triton=_importable("triton"),
     )
+
+
+def process_cuda_index(environ: Mapping[str, str], *, device_count: int, current: int) -> int:
+    """The CUDA device this process owns.
+
+    Under a launcher that starts one process per GPU (``torchrun`` sets ``LOCAL_RANK``, the rank's
+    index on its node) that is GPU ``LOCAL_RANK``, as megatron-core's own launcher sets it: every
+    process starts with device 0 current, and ranks sharing GPU 0 would all allocate there (NCCL
+    refuses two ranks on one GPU). With a single visible GPU it is that one (a launcher that binds
+    each rank to its GPU with ``CUDA_VISIBLE_DEVICES``). Without ``LOCAL_RANK``: the current device.
+    """
+    raw = environ.get("LOCAL_RANK")
+    if raw is None:
+        return current
+    try:
+        local_rank = int(raw)
+    except ValueError:
+        raise ConfigError(
+            f"LOCAL_RANK={raw!r} is not a rank index: unset it or launch with torchrun"
+        ) from None
+    if local_rank < 0:
+        raise ConfigError(f"LOCAL_RANK={local_rank} is negative: unset it or launch with torchrun")
+    if device_count == 1:
+        return 0
+    if local_rank >= device_count:
+        raise ConfigError(
+            f"LOCAL_RANK={local_rank} but {device_count} CUDA devices are visible: launch at most one "
+            "process per GPU (torchrun --nproc-per-node), or give each rank one GPU with CUDA_VISIBLE_DEVICES"
+        )
+    return local_rank
 
 
 def _importable(module: str) -> bool:
@@ -88,10 +126,10 @@ def _importable(module: str) -> bool:
 def resolve_device(requested: str, caps: Capabilities) -> torch.device:
     """``auto`` -> CUDA when available, else ``cpu``; ``cuda[:N]`` without CUDA is an error.
 
-    A CUDA device always comes back with its ordinal (``cuda`` -> ``cuda:<current>``): tensors report
-    ``cuda:0``, never ``cuda``, so an unindexed device compares unequal to their ``.device``, and
-    ``torch.cuda.set_device`` refuses it (seen on an H100: "Expected a torch.device with a
-    specified index").
+    A CUDA device always comes back with its ordinal (``cuda`` -> ``cuda:<caps.cuda_index>``, this
+    process's GPU: ``process_cuda_index``): tensors report ``cuda:0``, never ``cuda``, so an
+    unindexed device compares unequal to their ``.device``, and ``torch.cuda.set_device`` refuses it
+    (seen on an H100: "Expected a torch.device with a specified index").
     """
     if not re.match(DEVICE_PATTERN, requested):
         raise ConfigError(f"device={requested!r}: use auto, cpu, cuda or cuda:N")

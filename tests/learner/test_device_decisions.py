@@ -46,6 +46,31 @@ def test_a_cuda_device_always_carries_its_ordinal():
     assert dev.resolve_device(str(torch.device("cuda")), on_gpu_2).index == 2
 
 
+def test_each_torchrun_rank_owns_the_gpu_of_its_local_rank():
+    """Every process starts with GPU 0 current: under torchrun ranks would all land there."""
+    index = dev.process_cuda_index
+    assert index({}, device_count=8, current=3) == 3  # no launcher: the current device
+    assert [index({"LOCAL_RANK": str(r)}, device_count=4, current=0) for r in range(4)] == [0, 1, 2, 3]
+    # a launcher binding each rank to one GPU (CUDA_VISIBLE_DEVICES) leaves one visible: that one
+    assert index({"LOCAL_RANK": "5"}, device_count=1, current=0) == 0
+    for bad, match in (("4", "4 CUDA devices are visible"), ("-1", "negative"), ("one", "not a rank")):
+        with pytest.raises(ConfigError, match=match):
+            index({"LOCAL_RANK": bad}, device_count=4, current=0)
+
+
+def test_detect_capabilities_reads_local_rank(monkeypatch):
+    """The probe hands the launcher's rank to ``process_cuda_index``: ``auto`` is then that GPU."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    caps = dev.detect_capabilities()
+    assert caps.cuda_index == 2
+    assert on(caps) == dev.resolve_device("cuda", caps) == torch.device("cuda", 2)
+    monkeypatch.delenv("LOCAL_RANK")
+    assert dev.detect_capabilities().cuda_index == 0
+
+
 def test_make_current_sets_only_an_indexed_cuda_device(monkeypatch):
     calls = []
     monkeypatch.setattr(torch.cuda, "set_device", calls.append)

@@ -52,6 +52,25 @@ def test_init_is_idempotent_and_rejects_a_different_layout():
         ensure_model_parallel(ParallelConfig(expert_parallel=2))
 
 
+def test_the_device_is_made_current_before_the_process_group_starts(monkeypatch):
+    """NCCL binds a rank's communicators to the current device: under torchrun every rank starts on
+    GPU 0, so its own GPU is made current first (``make_current`` is a no-op on CPU: recorded here)."""
+    import torch
+    from megatron.core import parallel_state
+
+    from labrl.harness.models import device as dev
+
+    order: list[str] = []
+    monkeypatch.setattr(dev, "make_current", lambda d: order.append(f"current {d}"))
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda **kw: order.append("process group"))
+    monkeypatch.setattr(parallel_state, "model_parallel_is_initialized", lambda: True)
+    for size in ("tensor_model_parallel", "pipeline_model_parallel", "expert_model_parallel"):
+        monkeypatch.setattr(parallel_state, f"get_{size}_world_size", lambda: 1)
+    ensure_model_parallel(ParallelConfig(), "cpu")
+    assert order == ["current cpu", "process group"]
+
+
 def test_same_seed_same_weights_and_router_replays_detached():
     from megatron.core.transformer.moe.router_replay import RouterReplay
 
