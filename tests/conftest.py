@@ -17,19 +17,35 @@ def export_pythonpath(config: pytest.Config) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in [*paths, *inherited] if p))
 
 
-def share_cores_between_xdist_workers() -> None:
-    """torch's default pool, one thread per core, in each pytest-xdist worker oversubscribes the cores
-    (tests/learner on 2 workers took 3x the CPU time of one process): each worker gets its share."""
+def cores_per_worker() -> int:
+    """This process's share of the cores: torch's default pool, one thread per core, in each
+    pytest-xdist worker oversubscribes them (tests/learner on 2 workers took 3x the CPU time of one
+    process)."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if workers > 1:
-        import torch
+    return max(1, len(os.sched_getaffinity(0)) // workers)
 
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+
+@pytest.fixture
+def torch_threads() -> int:
+    """torch's intra-op threads a test starts with: the worker's share of the cores. An area's
+    conftest overrides it (one thread where its tensors are too small to split)."""
+    return cores_per_worker()
+
+
+@pytest.fixture(autouse=True)
+def _start_with_torch_threads(torch_threads: int) -> None:
+    """Set before every test, not once at import: a count set at import by a conftest, or by a test or
+    an in-process run (the runner sets ``pipeline.torch_threads``), held for every later test of the
+    worker, so the last conftest collected chose it for the whole session (2 threads in each of two
+    workers on 2 cores)."""
+    import torch
+
+    if torch.get_num_threads() != torch_threads:
+        torch.set_num_threads(torch_threads)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     export_pythonpath(config)
-    share_cores_between_xdist_workers()
     # pytest rebuilds warning filters for every test from its ini filters: add ours there
     from labrl._warnings import expected_warnings
 

@@ -6,7 +6,6 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
-import torch
 from rollout_builders import as_trajectories, random_requests
 
 from labrl.harness.learners import LearnerConfig, MegatronLearner
@@ -14,8 +13,6 @@ from labrl.harness.models import get_preset
 from labrl.harness.rollout.batching import collate
 from labrl.harness.samplers import LocalSampler, LocalSamplerConfig
 from labrl.harness.types import GenerateRequest, TrainBatch
-
-torch.set_num_threads(2)
 
 TINY = get_preset("tiny-moe")
 

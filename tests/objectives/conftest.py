@@ -14,8 +14,6 @@ import torch
 
 from labrl.harness.objectives import ObjectiveInputs
 
-torch.set_num_threads(1)
-
 
 @dataclass
 class SyntheticBatch:
@@ -66,3 +64,9 @@ def _make_batch(
 @pytest.fixture
 def make_batch() -> Callable[..., SyntheticBatch]:
     return _make_batch
+
+
+@pytest.fixture
+def torch_threads() -> int:
+    """One intra-op thread a test (tests/conftest.py): the objectives' synthetic batches are too small to split."""
+    return 1

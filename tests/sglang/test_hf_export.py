@@ -14,8 +14,6 @@ from labrl.harness.models.config import PRESETS
 from labrl.harness.models.hf_export import TINY_MOE_QWEN3, choose_arch, export_hf_checkpoint, megatron_to_hf
 from labrl.harness.models.hf_import import config_from_hf, hf_to_megatron, load_hf_checkpoint, load_into_model
 
-torch.set_num_threads(2)
-
 SMALL = {
     "num_layers": 2,
     "hidden_size": 64,
