@@ -36,8 +36,10 @@ kill never repeats a finished warm start.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -107,12 +109,37 @@ def _install(loop: asyncio.AbstractEventLoop, stop: StopRequest) -> list[signal.
     return installed
 
 
+def refuse_a_multi_process_launch(environ: Mapping[str, str]) -> None:
+    """``train`` is one driver process with its learner in it: a launch of several (torchrun sets
+    ``WORLD_SIZE``) is refused, before anything is built.
+
+    Every rank would run a driver of its own (its own sampler requests, envs and run directory), so
+    tensor-parallel ranks would train on different batches, and nothing reduces the dense parameters'
+    gradients over data-parallel ranks: the ranks would train apart without an error. The learner
+    itself runs over TP/EP ranks (``MegatronLearner``); the driver that feeds them is not built.
+    """
+    raw = environ.get("WORLD_SIZE")
+    if raw is None:
+        return
+    try:
+        world = int(raw)
+    except ValueError:
+        raise ConfigError(f"WORLD_SIZE={raw!r} is not a process count: unset it") from None
+    if world > 1:
+        raise ConfigError(
+            f"WORLD_SIZE={world}: labrl train runs one process, and a learner over several is not built "
+            "yet (each rank would run its own driver, and the ranks would train apart): launch it without "
+            "torchrun, on one GPU (docs/gpu.md, 'Training against SGLang on a GPU node')"
+        )
+
+
 async def train(cfg: RunConfig, *, fresh: bool = False, progress: bool | None = None) -> dict[str, Any]:
     """Validate everything, then train (or resume) into ``cfg.run_dir``; returns the summary.
 
-    Nothing is written before the config, the model, the tokenizer, the env, that
-    the model's context holds the env's opening prompt (``prompt_fit``: envs whose
-    reset is cheap) and (on resume) the identity keys are checked. SIGINT /
+    Nothing is written before the launch (one process: ``refuse_a_multi_process_launch``),
+    the config, the model, the tokenizer, the env, that the model's context holds the
+    env's opening prompt (``prompt_fit``: envs whose reset is cheap) and (on resume)
+    the identity keys are checked. SIGINT /
     SIGTERM in any phase stop the run: during the warm start nothing is saved (a
     rerun starts it again); after it, the running step finishes and a checkpoint
     is written.
@@ -120,6 +147,7 @@ async def train(cfg: RunConfig, *, fresh: bool = False, progress: bool | None = 
     logged with its traceback to ``errors.jsonl`` and raised as
     ``RunFailedError`` (one line).
     """
+    refuse_a_multi_process_launch(os.environ)
     run_dir = Path(cfg.run_dir)
     ckpt = latest_checkpoint(run_dir)
     if ckpt is not None and fresh:

@@ -33,6 +33,32 @@ def test_every_command_and_option_has_help():
     assert _undocumented(build_parser(), "labrl") == []
 
 
+def _torchrun(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """``torchrun --nproc-per-node 2 -m labrl ARGV``: two CPU ranks of the CLI as a module."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    return subprocess.run(
+        [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "labrl", *argv],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+
+
+@pytest.mark.timeout(360)
+def test_torchrun_runs_the_cli_as_a_module_and_train_refuses_it(tmp_path):
+    """torchrun runs modules, so ``python -m labrl`` is the CLI; ``labrl train`` under it is refused
+    before anything is written (a learner over several processes is not built: docs/gpu.md)."""
+    shown = _torchrun(tmp_path, "envs", "show", "xrd/phase-id-v0")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.count('"id": "xrd/phase-id-v0"') == 2  # one from each rank
+    config = Path(__file__).parents[2] / "configs" / "quickstart.yaml"
+    refused = _torchrun(tmp_path, "train", str(config), f"run_dir={tmp_path / 'run'}")
+    assert refused.returncode != 0
+    assert refused.stderr.count("labrl: error: WORLD_SIZE=2: labrl train runs one process") == 2
+    assert not (tmp_path / "run").exists()
+
+
 def test_output_into_a_closed_pipe_is_quiet():
     """`labrl envs list | head -0`: the reader is gone before labrl writes; no BrokenPipeError traceback."""
     proc = subprocess.Popen(

@@ -17,7 +17,7 @@ from labrl.harness.metrics import summary_line
 from labrl.harness.pipeline.config import PipelineSection
 from labrl.harness.pipeline.errors_log import distinct_errors
 from labrl.harness.pipeline.resume import IDENTITY_KEYS, check_resume, truncate_run_logs
-from labrl.harness.pipeline.runner import train
+from labrl.harness.pipeline.runner import refuse_a_multi_process_launch, train
 from labrl.harness.report import write_report
 
 TINY = {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "ffn_hidden_size": 64,
@@ -107,6 +107,23 @@ async def test_resume_refuses_a_different_identity_and_logs_tunable_changes(lett
             },
         }
     ]
+
+
+def test_a_multi_process_launch_is_refused():
+    """torchrun's WORLD_SIZE > 1: every rank would run its own driver (docs/gpu.md)."""
+    refuse_a_multi_process_launch({})
+    refuse_a_multi_process_launch({"WORLD_SIZE": "1", "RANK": "0"})
+    with pytest.raises(ConfigError, match=r"WORLD_SIZE=4: labrl train runs one process"):
+        refuse_a_multi_process_launch({"WORLD_SIZE": "4"})
+    with pytest.raises(ConfigError, match="not a process count"):
+        refuse_a_multi_process_launch({"WORLD_SIZE": "four"})
+
+
+async def test_a_multi_process_launch_writes_nothing(letter_env, tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="a learner over several is not built"):
+        await train(config(letter_env, tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
 
 
 def test_resume_identity_names_every_differing_key(tmp_path):
