@@ -64,9 +64,8 @@ class Capabilities:
     transformer_engine: bool
     grouped_gemm: bool = False  # fanshiqing/grouped_gemm: megatron-core's legacy GroupedMLP without TE
     torch_grouped_mm: bool = False  # torch.nn.functional.grouped_mm (torch >= 2.10): TorchGroupedMLP
-    cuda_index: int = (
-        0  # this process's CUDA device (``process_cuda_index``): what ``auto`` and a bare ``cuda`` mean
-    )
+    # this process's CUDA device (``process_cuda_index``): what ``auto`` and a bare ``cuda`` mean
+    cuda_index: int = 0
     triton: bool = False  # what torch.compile's inductor generates CUDA kernels with
 
 
