@@ -55,7 +55,8 @@ def test_torchrun_runs_the_cli_as_a_module_and_train_refuses_it(tmp_path):
     config = Path(__file__).parents[2] / "configs" / "quickstart.yaml"
     refused = _torchrun(tmp_path, "train", str(config), f"run_dir={tmp_path / 'run'}")
     assert refused.returncode != 0
-    assert refused.stderr.count("labrl: error: WORLD_SIZE=2: labrl train runs one process") == 2
+    # torchrun stops the other rank once one fails, so one error or two
+    assert refused.stderr.count("labrl: error: WORLD_SIZE=2: labrl train runs one process") >= 1
     assert not (tmp_path / "run").exists()
 
 
