@@ -85,6 +85,21 @@ def detect_capabilities() -> Capabilities:
     )
 
 
+def launcher_value(environ: Mapping[str, str], name: str, what: str) -> int | None:
+    """The launcher's ``name`` (torchrun's ``LOCAL_RANK``, ``WORLD_SIZE``) as a non-negative int,
+    None when unset; anything else is a ``ConfigError`` naming ``what`` it should be."""
+    raw = environ.get(name)
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not {what}: unset it (torchrun sets it)") from None
+    if value < 0:
+        raise ConfigError(f"{name}={value} is negative: unset it (torchrun sets it)")
+    return value
+
+
 def process_cuda_index(environ: Mapping[str, str], *, device_count: int, current: int) -> int:
     """The CUDA device this process owns.
 
@@ -94,17 +109,9 @@ def process_cuda_index(environ: Mapping[str, str], *, device_count: int, current
     refuses two ranks on one GPU). With a single visible GPU it is that one (a launcher that binds
     each rank to its GPU with ``CUDA_VISIBLE_DEVICES``). Without ``LOCAL_RANK``: the current device.
     """
-    raw = environ.get("LOCAL_RANK")
-    if raw is None:
+    local_rank = launcher_value(environ, "LOCAL_RANK", "a rank index")
+    if local_rank is None:
         return current
-    try:
-        local_rank = int(raw)
-    except ValueError:
-        raise ConfigError(
-            f"LOCAL_RANK={raw!r} is not a rank index: unset it or launch with torchrun"
-        ) from None
-    if local_rank < 0:
-        raise ConfigError(f"LOCAL_RANK={local_rank} is negative: unset it or launch with torchrun")
     if device_count == 1:
         return 0
     if local_rank >= device_count:

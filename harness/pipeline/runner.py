@@ -57,6 +57,7 @@ from labrl.harness.config import (
 )
 from labrl.harness.effective import effective_values, read_effective, write_effective
 from labrl.harness.metrics import JsonlWriter, LiveProgress, read_jsonl
+from labrl.harness.models import device as dev
 from labrl.harness.pipeline.checkpoint import checkpoint_step, latest_checkpoint, write_summary
 from labrl.harness.pipeline.errors_log import ErrorLog
 from labrl.harness.pipeline.orchestrator import Orchestrator, PipelineStalledError
@@ -118,14 +119,8 @@ def refuse_a_multi_process_launch(environ: Mapping[str, str]) -> None:
     gradients over data-parallel ranks: the ranks would train apart without an error. The learner
     itself runs over TP/EP ranks (``MegatronLearner``); the driver that feeds them is not built.
     """
-    raw = environ.get("WORLD_SIZE")
-    if raw is None:
-        return
-    try:
-        world = int(raw)
-    except ValueError:
-        raise ConfigError(f"WORLD_SIZE={raw!r} is not a process count: unset it") from None
-    if world > 1:
+    world = dev.launcher_value(environ, "WORLD_SIZE", "a process count")
+    if world is not None and world > 1:
         raise ConfigError(
             f"WORLD_SIZE={world}: labrl train runs one process, and a learner over several is not built "
             "yet (each rank would run its own driver, and the ranks would train apart): launch it without "

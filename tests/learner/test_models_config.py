@@ -55,7 +55,6 @@ def test_init_is_idempotent_and_rejects_a_different_layout():
 def test_the_device_is_made_current_before_the_process_group_starts(monkeypatch):
     """NCCL binds a rank's communicators to the current device: under torchrun every rank starts on
     GPU 0, so its own GPU is made current first (``make_current`` is a no-op on CPU: recorded here)."""
-    import torch
     from megatron.core import parallel_state
 
     from labrl.harness.models import device as dev
