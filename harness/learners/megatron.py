@@ -26,7 +26,11 @@ and keeps its graph while memory allows (``labrl.harness.learners.graph_memory``
 a micro-batch whose graph does not fit gets the no-grad forward. The metric
 ``learner/proximal_forward`` is the share of micro-batches that ran the
 no-grad forward (1 under the separate forward), ``learner/kept_graphs`` the
-number of kept graphs.
+number of kept graphs. Where every micro-batch's ``old`` is its own loss
+forward (taken from it, or every graph kept), the ratio ``pi_theta / pi_prox``
+is 1 on every token: the loss runs without the ratio and clip terms
+(``policy_loss(..., proximal_is_current=True)``) and their metrics are the
+constants they would sum to.
 
 A batch's optimizer steps publish ONE new policy version (the orchestrator
 pushes weights once per ``train_step``), so ``max_staleness`` and admission
@@ -112,7 +116,21 @@ from labrl.harness.types import TrainBatch
 log = logging.getLogger(__name__)
 
 # A micro-batch's share of the prepared batch from (positions, T, its forward's log-probs); None skips the step.
-MicroPrepared = Callable[[torch.Tensor, int, torch.Tensor], objectives.PreparedBatch | None]
+Positions = torch.Tensor | slice
+"""A micro-batch's rows: a slice where they are consecutive (views: no gather launch per tensor a
+micro-batch reads), else a long tensor of positions."""
+Plan = list[tuple[Positions, int]]
+"""The micro-batches of one optimizer step: each one's positions and width ``T_mb``."""
+MicroPrepared = Callable[[Positions, int, torch.Tensor], objectives.PreparedBatch | None]
+
+
+def micro_batch_plan(order: list[int], spans: list[tuple[int, int, int]], device: torch.device) -> Plan:
+    """``batching.micro_batches``' ``(order, spans)`` as positions on ``device``: slices where the order is
+    the batch's own (every span consecutive rows), else one upload of ``order`` and a view of it a span."""
+    if order == list(range(len(order))):
+        return [(slice(start, stop), T) for start, stop, T in spans]
+    order_dev = torch.tensor(order, dtype=torch.long, device=device)
+    return [(order_dev[start:stop], T) for start, stop, T in spans]
 
 
 def _selected(prepared: objectives.PreparedBatch) -> MicroPrepared:
@@ -276,8 +294,7 @@ class MegatronLearner:
         with phase("upload"):
             batch = to_device(batch, self.device)
             terms = terms.to(self.device)
-        order_dev = torch.tensor(order, dtype=torch.long, device=self.device)
-        plan = [(order_dev[start:stop], T) for start, stop, T in spans]
+        plan = micro_batch_plan(order, spans, self.device)
         if self.master is not None and not self._masters_synced:
             self.master.copy_from_model()
             self._masters_synced = True
@@ -341,7 +358,7 @@ class MegatronLearner:
         batch: TrainBatch,
         terms: objectives.BatchTerms,
         replay: torch.Tensor | None,
-        plan: list[tuple[torch.Tensor, int]],
+        plan: Plan,
     ) -> tuple[objectives.PreparedBatch | None, list[dict[str, float]], int]:
         """A no-grad forward over the batch for ``pi_prox`` (and the reference), then every optimizer step.
 
@@ -369,8 +386,7 @@ class MegatronLearner:
                     cfg.micro_batch_size,
                     sort_by_length=cfg.length_sorted_micro_batches,
                 )
-                pos = torch.tensor(order, dtype=torch.long, device=self.device)
-                sub_plan = [(pos[start:stop], T) for start, stop, T in spans]
+                sub_plan = micro_batch_plan(order, spans, self.device)
                 sub = objectives.minibatch(cfg.objective, prepared, rows)
                 metrics = self._optimizer_step(batch, replay, _selected(sub), sub_plan, rows)
             if metrics is None:
@@ -384,7 +400,7 @@ class MegatronLearner:
         batch: TrainBatch,
         terms: objectives.BatchTerms,
         replay: torch.Tensor | None,
-        plan: list[tuple[torch.Tensor, int]],
+        plan: Plan,
     ) -> tuple[objectives.PreparedBatch | None, list[dict[str, float]], int]:
         """The batch's one optimizer step, each micro-batch's ``pi_prox`` its own loss forward, detached.
 
@@ -408,9 +424,7 @@ class MegatronLearner:
         checks: dict[str, torch.Tensor] = {}
         filled = 0  # micro-batches whose pi_prox is in old_B_T
 
-        def from_loss_forward(
-            pos: torch.Tensor, T: int, logp: torch.Tensor
-        ) -> objectives.PreparedBatch | None:
+        def from_loss_forward(pos: Positions, T: int, logp: torch.Tensor) -> objectives.PreparedBatch | None:
             nonlocal filled
             old_B_T[pos, :T] = logp.detach()
             filled += 1
@@ -433,7 +447,9 @@ class MegatronLearner:
             return objectives.prepare_rows(cfg.objective, inputs, pos, terms)
 
         whole: list[objectives.PreparedBatch] = []
-        metrics = self._optimizer_step(batch, replay, from_loss_forward, plan, checks=checks)
+        metrics = self._optimizer_step(
+            batch, replay, from_loss_forward, plan, checks=checks, proximal_is_current=True
+        )
         if metrics is None:
             return None, [], 1
         if whole:
@@ -446,7 +462,7 @@ class MegatronLearner:
         batch: TrainBatch,
         terms: objectives.BatchTerms,
         replay: torch.Tensor | None,
-        plan: list[tuple[torch.Tensor, int]],
+        plan: Plan,
     ) -> tuple[objectives.PreparedBatch | None, list[dict[str, float]], int, graph_memory.GraphBudget]:
         """The batch's one optimizer step under a whole-batch term: loss forwards first, backward passes after.
 
@@ -486,7 +502,11 @@ class MegatronLearner:
         if prepared is None:
             kept.clear()  # the graphs are freed with their outputs
             return None, [], 1, budget
-        metrics = self._optimizer_step(batch, replay, _selected(prepared), plan, kept=kept)  # uses up `kept`
+        # pi_prox is the loss forward's own where every micro-batch's graph was kept
+        all_kept = len(kept) == len(plan)
+        metrics = self._optimizer_step(  # uses up `kept`
+            batch, replay, _selected(prepared), plan, kept=kept, proximal_is_current=all_kept
+        )
         if metrics is None:
             return None, [], 1, budget
         return prepared, [metrics], 0, budget
@@ -535,10 +555,11 @@ class MegatronLearner:
         batch: TrainBatch,
         replay: torch.Tensor | None,
         micro_prepared: MicroPrepared,
-        plan: list[tuple[torch.Tensor, int]],
+        plan: Plan,
         rows: torch.Tensor | None = None,
         checks: dict[str, torch.Tensor] | None = None,
         kept: dict[int, torch.Tensor] | None = None,
+        proximal_is_current: bool = False,
     ) -> dict[str, float] | None:
         """Forward/backward over ``plan`` (micro-batches of positions) and one AdamW step; None if skipped.
 
@@ -553,7 +574,8 @@ class MegatronLearner:
         backward, so the loop itself never waits for the device (a wait per
         micro-batch leaves a GPU idle while the host queues the next one). A
         non-finite loss therefore still runs its backward; its gradients are
-        dropped with the step."""
+        dropped with the step. ``proximal_is_current``: every micro-batch's ``pi_prox`` is the forward
+        its loss runs on, detached (``objectives.policy_loss``: the ratio is 1, its terms skipped)."""
         checks = {} if checks is None else checks
         kept = {} if kept is None else kept
         self._drop_gradients()
@@ -573,8 +595,9 @@ class MegatronLearner:
                 if prepared is None:
                     self._drop_gradients()
                     return None
-                logp = torch.nn.functional.pad(logp, (0, T_full - T))  # cut columns are padding: log-prob 0
-                loss, metrics = self._policy_loss(logp, prepared)
+                if T < T_full:  # cut columns are padding: log-prob 0
+                    logp = torch.nn.functional.pad(logp, (0, T_full - T))
+                loss, metrics = self._policy_loss(logp, prepared, proximal_is_current)
             with phase("backward"):
                 loss.backward()
                 if self.master is not None:
@@ -588,6 +611,10 @@ class MegatronLearner:
             summed = objectives.sum_metrics(micro_metrics)
             assert isinstance(summed, objectives.DeviceMetrics)  # policy_loss(device_metrics=True)'s
             failed, grad_norm, step_metrics = _read_step(checks, norm_squared, summed)
+        if proximal_is_current:
+            step_metrics |= objectives.proximal_is_current_metrics(
+                self.config.objective, prepared.num_valid_tokens
+            )
         if failed:
             self._drop_gradients()
             self._record_skip(f"{failed} at step {self.step}: optimizer step skipped")
@@ -609,14 +636,19 @@ class MegatronLearner:
         return out
 
     def _policy_loss(
-        self, logp: torch.Tensor, prepared: objectives.PreparedBatch
+        self, logp: torch.Tensor, prepared: objectives.PreparedBatch, proximal_is_current: bool
     ) -> tuple[torch.Tensor, Mapping[str, float | torch.Tensor]]:
         """``objectives.policy_loss`` with its metrics on the device, compiled where
         ``learner.objective_kernel`` asks, except under a ``TorchDispatchMode`` (a FLOP counter, a
         tracer), which dynamo compiles nothing under: there the same terms run eager."""
         compiled = self.compiled_objective and not torch._C._len_torch_dispatch_stack()
         return objectives.policy_loss(
-            self.config.objective, logp, prepared, device_metrics=True, compiled=compiled
+            self.config.objective,
+            logp,
+            prepared,
+            device_metrics=True,
+            compiled=compiled,
+            proximal_is_current=proximal_is_current,
         )
 
     def _drop_gradients(self) -> None:
@@ -764,18 +796,17 @@ class MegatronLearner:
         assert ref is not None
         return old.to(tokens_B_T.device), ref.to(tokens_B_T.device)
 
-    def _row_plan(self, tokens_B_T: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
+    def _row_plan(self, tokens_B_T: torch.Tensor) -> Plan:
         """Micro-batches of consecutive rows at full width (no padding information here)."""
         B, T = tokens_B_T.shape
         size = self.config.micro_batch_size
-        rows = torch.arange(B, device=self.device)
-        return [(rows[s : s + size], T) for s in range(0, B, size)]
+        return [(slice(s, s + size), T) for s in range(0, B, size)]
 
     def _no_grad_logprobs(
         self,
         tokens_B_T: torch.Tensor,
         routed_B_T_L_K: torch.Tensor | None,
-        plan: list[tuple[torch.Tensor, int]],
+        plan: Plan,
         *,
         with_reference: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -31,14 +31,16 @@ from typing import NamedTuple
 import torch
 
 
-def tis_token_weights(
-    log_w_B_T: torch.Tensor, valid_B_T: torch.Tensor, c: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``weight_t = min(w_t, C)`` on valid tokens (1 elsewhere); returns (weight_B_T, truncated_B_T)."""
-    log_c = math.log(c)
-    weight = torch.exp(log_w_B_T.clamp(max=log_c))
-    truncated = valid_B_T & (log_w_B_T > log_c)
-    return torch.where(valid_B_T, weight, 1.0), truncated
+def tis_token_weights(log_w_B_T: torch.Tensor, valid_B_T: torch.Tensor, c: float) -> torch.Tensor:
+    """``weight_t = min(w_t, C)`` on valid tokens (1 elsewhere)."""
+    weight = torch.exp(log_w_B_T.clamp(max=math.log(c)))
+    return torch.where(valid_B_T, weight, 1.0)
+
+
+def tis_token_truncated(log_w_B_T: torch.Tensor, valid_B_T: torch.Tensor, c: float) -> torch.Tensor:
+    """The valid tokens ``tis_token_weights`` caps (``w_t > C``): its diagnostic, apart, so a caller
+    that does not report it launches nothing for it."""
+    return valid_B_T & (log_w_B_T > math.log(c))
 
 
 def tis_sequence_weights(

@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from ._kl import kl_estimate
+from ._kl import kl_of_log_ratio
 from ._metrics import MetricSums
 
 RATIO_QUANTILES = (0.01, 0.1, 0.5, 0.9, 0.99)
@@ -45,9 +45,9 @@ def mismatch_kl(log_w_B_T: torch.Tensor, valid_B_T: torch.Tensor) -> dict[str, f
 
 
 def _mismatch_kl(sums: MetricSums, lw_B_T: torch.Tensor, n_valid: int) -> None:
-    zero = lw_B_T.new_zeros(())  # log-prob of the sampling policy relative to itself
+    # tokens sampled from mu, the other policy pi_old: the log-ratio is l = log w itself, unclamped
     for k in KL_ESTIMATORS:
-        sums.mean(f"mismatch/kl_{k}", kl_estimate(zero, lw_B_T, k, clamp=math.inf), n_valid)
+        sums.mean(f"mismatch/kl_{k}", kl_of_log_ratio(lw_B_T, k), n_valid)
 
 
 def behaviour_diagnostics(

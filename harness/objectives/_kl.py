@@ -34,7 +34,12 @@ def kl_estimate(
 
     ``clamp`` bounds the log-ratio before ``exp``; ``kl_clamp`` bounds the k3_clamped value.
     """
-    log_r = (logp_other - logp_sampled).clamp(-clamp, clamp)
+    return kl_of_log_ratio((logp_other - logp_sampled).clamp(-clamp, clamp), kind, kl_clamp)
+
+
+def kl_of_log_ratio(log_r: torch.Tensor, kind: str, kl_clamp: float = 10.0) -> torch.Tensor:
+    """``kl_estimate`` from the log-ratio ``l`` itself (already clamped where it needs to be): for a
+    caller that holds ``l`` and takes several estimators of it, one subtraction and clamp fewer each."""
     if kind == "k1":
         return -log_r
     if kind == "k2":

@@ -32,6 +32,10 @@ GSPO's per-token value equals the sequence loss, so mean-of-token-means
 aggregation reproduces GSPO's sequence-mean objective exactly, and a one-token
 sequence reproduces token-level PPO.
 
+Where ``logp_old`` is ``sg(logp)`` itself (one optimizer step per batch, the proximal log-probs taken
+from the loss forward), ``r = 1`` exactly and ``proximal_is_current_loss`` gives each loss's value at
+``r = 1`` with that gradient, without computing a ratio or a clip.
+
 Each function returns a ``TokenLoss``: the per-token loss and the tokens where
 a clip bound is active (``clipped_low`` / ``clipped_high``): for PPO and GSPO
 those tokens get no gradient; for CISPO their weight is capped. ``dual_clipped``
@@ -44,6 +48,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+
+from labrl.errors import ConfigError
 
 
 class TokenLoss(NamedTuple):
@@ -169,3 +175,29 @@ def sapo_loss(
     r_d, sig_d = r.detach(), sig.detach()
     never = torch.zeros_like(r_d, dtype=torch.bool)
     return TokenLoss(loss, r_d, never, never, gate_B_T=4.0 * sig_d * (1.0 - sig_d) * r_d)
+
+
+def proximal_is_current_loss(
+    loss: str, logp_B_T: torch.Tensor, adv_B_T: torch.Tensor, tau_pos: float = 1.0, tau_neg: float = 1.05
+) -> torch.Tensor:
+    """The per-token ``loss`` where ``logp_old = sg(logp)``: ``r = exp(0) = 1`` on every token, nothing
+    clips, and each loss is its value at ``r = 1`` with the gradient ``-A grad logp_t``:
+
+        reinforce, cispo   l_t = -A logp_t                       (clip(1) = 1: CISPO's weight is 1)
+        ppo, gspo          l_t = -A (1 + logp_t - sg(logp_t))    (min(A, clip(1) A) = A; s_i = 1;
+                                                                   a dual clip needs r > c > 1)
+        sapo               l_t = -A (2 / tau_t + logp_t - sg(logp_t))   (4 sigmoid(0) / tau_t = 2 / tau_t;
+                                                                   its gate g_t = 1)
+
+    Values and gradients equal the loss functions' with ``logp_old = sg(logp)``, up to the order of
+    their products (bit-equal for reinforce and cispo), in two to six launches where those take nine
+    to fifteen (the ratio, its clamps, the clip flags)."""
+    if loss in ("reinforce", "cispo"):
+        return -adv_B_T * logp_B_T
+    step = logp_B_T - logp_B_T.detach()  # 0, with the gradient of logp
+    if loss in ("ppo", "gspo"):
+        return -adv_B_T * (step + 1.0)
+    if loss == "sapo":
+        tau = torch.where(adv_B_T > 0, tau_pos, tau_neg)
+        return -adv_B_T * (step + 2.0 / tau)
+    raise ConfigError(f"loss must be reinforce, ppo, cispo, gspo or sapo (got {loss!r})")

@@ -76,13 +76,22 @@ from ._corrections import (
     m2po_mask,
     opsm_mask,
     tis_sequence_weights,
+    tis_token_truncated,
     tis_token_weights,
     token_mask,
     veto_mask,
 )
 from ._diagnostics import behaviour_diagnostics, staleness_stats, version_span
 from ._kl import kl_estimate
-from ._losses import TokenLoss, cispo_loss, gspo_loss, ppo_loss, reinforce_loss, sapo_loss
+from ._losses import (
+    TokenLoss,
+    cispo_loss,
+    gspo_loss,
+    ppo_loss,
+    proximal_is_current_loss,
+    reinforce_loss,
+    sapo_loss,
+)
 from ._metrics import DeviceMetrics, Metrics, MetricSums, frac, host_metrics, sum_metrics
 
 
@@ -511,9 +520,9 @@ def _apply_corrections(
         name = corr.name
         if isinstance(corr, TIS):
             if corr.level == "token":
-                w, truncated = tis_token_weights(log_w, valid, corr.c)
+                w = tis_token_weights(log_w, valid, corr.c)
                 if sums is not None:
-                    sums.count(f"{name}/truncated_frac", truncated, n_valid)
+                    sums.count(f"{name}/truncated_frac", tis_token_truncated(log_w, valid, corr.c), n_valid)
             else:
                 w, truncated_B = tis_sequence_weights(log_w, valid, corr.c)
                 if sums is not None:
@@ -591,6 +600,7 @@ def policy_loss(
     *,
     device_metrics: bool = False,
     compiled: bool = False,
+    proximal_is_current: bool = False,
 ) -> tuple[torch.Tensor, Mapping[str, float | torch.Tensor]]:
     """This micro-batch's share of the global loss, and additive metrics (floats; with
     ``device_metrics``, 0-d tensors left on the device for ``combine_metrics`` to read once per step).
@@ -604,6 +614,12 @@ def policy_loss(
 
     ``compiled``: the same terms through ``torch.compile`` (``compiled_loss_terms``): a handful of
     fused kernels, forward and backward, in place of one launch per op.
+
+    ``proximal_is_current``: ``prepared.old_logprobs_B_T`` holds this forward's own log-probs, detached,
+    on every valid token (one optimizer step per batch, ``pi_prox`` from the loss forward). Then
+    ``r = 1`` exactly: the loss is ``proximal_is_current_loss``, the same value and gradient without
+    the ratio and clip, and the ratio and clip metrics are left out, for the caller to add once a
+    step (``proximal_is_current_metrics``: constants). Passing it for any other ``old`` is wrong.
     """
     valid = prepared.valid_B_T
     if tuple(logprobs_B_T.shape) != tuple(valid.shape):
@@ -624,6 +640,7 @@ def policy_loss(
         prepared.denominator,
         prepared.num_valid_tokens,
         prepared.num_valid_seqs,
+        proximal_is_current,
     )
     return total, (metrics if device_metrics else host_metrics(metrics))
 
@@ -641,6 +658,7 @@ def loss_terms(
     denominator: float,
     n: int,
     n_seqs: int,
+    proximal_is_current: bool = False,
 ) -> tuple[torch.Tensor, DeviceMetrics]:
     """``policy_loss`` on a micro-batch's tensors: the loss and its ``DeviceMetrics``.
 
@@ -649,7 +667,14 @@ def loss_terms(
     instead of one per token count."""
     # Padding may hold -inf/nan; `where` keeps it out of values and gradients.
     logp = torch.where(valid, logprobs_B_T, 0.0)
-    tl = _token_loss(cfg, logp, old_B_T, advantages_B, valid)
+    if proximal_is_current:  # r = 1: no ratio, no clip, their metrics constants (proximal_is_current_metrics)
+        tl = None
+        loss_B_T = proximal_is_current_loss(
+            cfg.loss, logp, advantages_B[:, None].expand_as(logp), cfg.sapo_tau_pos, cfg.sapo_tau_neg
+        )
+    else:
+        tl = _token_loss(cfg, logp, old_B_T, advantages_B, valid)
+        loss_B_T = tl.loss_B_T
     sums = MetricSums(valid)
     opsm = next((c for c in cfg.corrections if isinstance(c, OPSM)), None)
     if opsm is not None:
@@ -658,7 +683,7 @@ def loss_terms(
         sums.count("opsm/masked_frac", keep & dropped[:, None], n)
         sums.value("opsm/masked_seq_frac", dropped.sum(dtype=torch.float64) / max(n_seqs, 1))
         keep = keep & seq_keep[:, None]
-    pg_B_T = torch.where(keep, tl.loss_B_T * weight_B_T, 0.0)  # keep is within valid
+    pg_B_T = torch.where(keep, loss_B_T * weight_B_T, 0.0)  # keep is within valid
     agg = cfg.aggregation
     pg = aggregate(agg, pg_B_T, valid, denominator, masked=True)
     total = pg
@@ -671,6 +696,8 @@ def loss_terms(
         sums.value("loss/ref_kl", kl_term)
         sums.mean(f"ref_kl/{cfg.kl_estimator}", k_B_T, n)
     sums.value("loss/total", total)
+    if tl is None:
+        return total, sums.build()
     low, high = tl.clipped_low_B_T, tl.clipped_high_B_T
     sums.count("policy/clip_low_frac", low, n)
     sums.count("policy/clip_high_frac", high, n)
@@ -682,6 +709,24 @@ def loss_terms(
     if tl.gate_B_T is not None:
         sums.mean("policy/sapo_gate_mean", tl.gate_B_T, n)
     return total, sums.build()
+
+
+def proximal_is_current_metrics(cfg: ObjectiveConfig, num_valid_tokens: int) -> dict[str, float]:
+    """The step's ratio and clip metrics where every micro-batch ran ``policy_loss(...,
+    proximal_is_current=True)``, which leaves them out: with ``r = 1`` on every token they are
+    constants, the values the general path sums to (``ratio_mean`` ``n / n``, the fractions 0)."""
+    out = {
+        "policy/clip_low_frac": 0.0,
+        "policy/clip_high_frac": 0.0,
+        "policy/clip_frac": 0.0,
+        "policy/ratio_mean": 1.0 if num_valid_tokens else 0.0,
+        "policy/abs_log_ratio_mean": 0.0,
+    }
+    if cfg.dual_clip_c is not None and cfg.loss in ("ppo", "gspo"):
+        out["policy/dual_clip_frac"] = 0.0
+    if cfg.loss == "sapo":
+        out["policy/sapo_gate_mean"] = out["policy/ratio_mean"]  # g_t = 1 on every valid token
+    return out
 
 
 def combine_metrics(

@@ -11,6 +11,7 @@ import re
 import pytest
 import torch
 
+from labrl.harness import objectives
 from labrl.harness.learners import LearnerConfig, MegatronLearner, OptimizerConfig, graph_memory
 from labrl.harness.learners.proximal import proximal_forward
 from labrl.harness.objectives import M2PO, OPSM, TIS, IcePop, ObjectiveConfig
@@ -208,6 +209,77 @@ def test_one_forward_gives_the_two_forward_step(h, kw, acting, kept):
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-8)
     assert one.policy_versions == two.policy_versions
+
+
+def record_proximal_is_current(monkeypatch) -> list[bool]:
+    """The ``proximal_is_current`` flag of every ``policy_loss`` call the learner makes."""
+    flags: list[bool] = []
+    real = objectives.policy_loss
+
+    def spy(*args, **kw):
+        flags.append(kw.get("proximal_is_current", False))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(objectives, "policy_loss", spy)
+    return flags
+
+
+@pytest.mark.parametrize(
+    ("kw", "free_memory", "want"),
+    [
+        ({"micro_batch_size": 2}, None, [True, True]),  # pi_prox from each loss forward
+        ({"micro_batch_size": 8, "objective": M2PO_TIGHT}, None, [True]),  # one micro-batch, M2PO
+        ({"micro_batch_size": 2, "objective": M2PO_TIGHT}, None, [True, True]),  # every graph kept
+        ({"micro_batch_size": 2, "objective": M2PO_TIGHT}, 0, [False, False]),  # one of two kept
+        ({"micro_batch_size": 2, "proximal_forward": "separate"}, None, [False, False]),
+        ({"micro_batch_size": 8, "epochs": 2}, None, [False, False]),  # the second step has r != 1
+    ],
+    ids=["loss-forward", "one-micro-m2po", "all-kept", "one-kept", "separate", "epochs"],
+)
+def test_the_ratio_terms_are_skipped_exactly_where_the_proximal_is_the_loss_forward(
+    h, monkeypatch, kw, free_memory, want
+):
+    if free_memory is not None:  # room for the first graph only
+        monkeypatch.setattr(graph_memory, "free_memory_bytes", lambda device: free_memory)
+    learner = MegatronLearner(LearnerConfig(**kw))
+    batch = h.sampled_batch(h.make_sampler(learner, "fp32"), n=4, max_new=8, seed=61)
+    flags = record_proximal_is_current(monkeypatch)
+    m = learner.train_step(batch)
+    assert flags == want
+    assert m["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-6 if all(want) else 0.5)
+    assert "policy/clip_frac" in m and "policy/abs_log_ratio_mean" in m
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"micro_batch_size": 3},  # the default objective (CISPO, TIS), pi_prox from each loss forward
+        {
+            "micro_batch_size": 3,
+            "objective": M2PO_KL,
+            "reference": "initial",
+        },  # the quickstart's, kept graphs
+    ],
+    ids=["default", "quickstart-kept-graphs"],
+)
+def test_skipping_the_ratio_terms_leaves_weights_bit_equal(h, kw):
+    """Three steps with the ratio and clip terms skipped and three with them computed (r = 1 on every
+    token): the same weights bit for bit, the same metrics."""
+    cfg = LearnerConfig(optimizer=OptimizerConfig(lr=1e-3), **kw)
+    fast, general = MegatronLearner(cfg), MegatronLearner(cfg)
+    general_step = general._optimizer_step
+    general._optimizer_step = lambda *a, **k: general_step(*a, **{**k, "proximal_is_current": False})
+    sampler = h.make_sampler(fast, "bf16")
+    timing = {"learner/step_s", "learner/tokens_per_s"}
+    for seed in (71, 72, 73):
+        batch = h.sampled_batch(sampler, n=8, max_new=10, seed=seed)
+        m_fast, m_general = fast.train_step(batch), general.train_step(batch)
+        assert set(m_fast) == set(m_general)
+        for key in set(m_fast) - timing:
+            assert m_fast[key] == pytest.approx(m_general[key], rel=1e-12, abs=1e-12), key
+    wa, wb = fast.export_weights(), general.export_weights()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert fast.version == general.version == 3
 
 
 @pytest.mark.parametrize("nan_call", [1, 2], ids=["first-micro-batch", "last-micro-batch"])

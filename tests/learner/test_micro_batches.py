@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from labrl.harness.learners import LearnerConfig, MegatronLearner
+from labrl.harness.learners.megatron import micro_batch_plan
 from labrl.harness.models import get_preset
 from labrl.harness.rollout.batching import micro_batches
 from labrl.harness.types import Trajectory
@@ -29,6 +30,16 @@ def test_plans_by_hand():
     assert order == [1, 3, 2, 4, 0] and spans == [(0, 2, 30), (2, 4, 7), (4, 5, 5)]
     # padded tokens computed: 5 rows x 30 = 150 -> 2 x 30 + 2 x 7 + 1 x 5 = 79 (76 real)
     assert sum((b - a) * t for a, b, t in spans) == 79
+
+
+def test_rows_in_batch_order_are_slices_and_sorted_rows_one_upload():
+    """Slices make every per-micro-batch read a view (no gather launch); sorted rows are an index."""
+    lengths = [5, 30, 7, 28, 6]
+    plan = micro_batch_plan(*micro_batches(_mask(lengths), 2, sort_by_length=False), torch.device("cpu"))
+    assert plan == [(slice(0, 2), 30), (slice(2, 4), 30), (slice(4, 5), 30)]
+    plan = micro_batch_plan(*micro_batches(_mask(lengths), 2, sort_by_length=True), torch.device("cpu"))
+    assert [(pos.tolist(), T) for pos, T in plan] == [([1, 3], 30), ([2, 4], 7), ([0], 5)]
+    assert plan[0][0].untyped_storage().data_ptr() == plan[2][0].untyped_storage().data_ptr()  # views of one
 
 
 def _batch(lengths: list[int]):

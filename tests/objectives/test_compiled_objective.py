@@ -116,3 +116,30 @@ def test_objective_inputs_move_every_tensor_and_keep_the_rest(make_batch):
         f.name for f in dataclasses.fields(inputs) if isinstance(getattr(inputs, f.name), torch.Tensor)
     ]
     assert len(tensors) == 6 and all(getattr(moved, name).device.type == "meta" for name in tensors)
+
+
+@pytest.mark.parametrize("name", ["default", "ppo-dual-seqmean-opsm"])
+def test_compiled_equals_eager_where_the_proximal_is_the_forward(name, make_batch):
+    """``proximal_is_current`` is a flag dynamo specialises on: its own graph, the eager terms."""
+    cfg = CONFIGS[name]
+    graphs_before = counters["stats"]["unique_graphs"]
+    for B, T, seed in SHAPES[:2]:
+        batch, prepared = _prepared(cfg, make_batch, B, T, seed)
+        got, want = [], []
+        for compiled, out in ((True, got), (False, want)):
+            logits = batch.param()
+            loss, metrics = policy_loss(
+                cfg,
+                batch.logprobs(logits),
+                prepared,
+                device_metrics=True,
+                compiled=compiled,
+                proximal_is_current=True,
+            )
+            loss.backward()
+            out += [loss.detach(), logits.grad, metrics]
+        assert got[2].names == want[2].names and "policy/ratio_mean" not in got[2].names
+        for g, w in zip([got[0], got[1], got[2].vector], [want[0], want[1], want[2].vector], strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-7)
+        assert want[1].abs().sum() > 0
+    assert counters["stats"]["unique_graphs"] - graphs_before == 1

@@ -19,6 +19,7 @@ from labrl.harness.objectives import (
     m2po_mask,
     prepare,
     tis_sequence_weights,
+    tis_token_truncated,
     tis_token_weights,
     token_mask,
     veto_mask,
@@ -32,14 +33,16 @@ def _lw(*ratios: float) -> torch.Tensor:
 
 
 def test_tis_token_saturates_at_c() -> None:
-    w, truncated = tis_token_weights(_lw(3.0, 0.5, 1.5, 1e6, 1.0), ALL, c=2.0)
+    lw = _lw(3.0, 0.5, 1.5, 1e6, 1.0)
+    w, truncated = tis_token_weights(lw, ALL, c=2.0), tis_token_truncated(lw, ALL, c=2.0)
     assert w.tolist()[0] == pytest.approx([2.0, 0.5, 1.5, 2.0, 1.0], abs=1e-6)
     assert truncated.tolist()[0] == [True, False, False, True, False]
 
 
 def test_tis_token_leaves_invalid_tokens_at_one() -> None:
     valid = torch.tensor([[True, False, True, True, True]])
-    w, truncated = tis_token_weights(_lw(3.0, 3.0, 1.0, 1.0, 1.0), valid, c=2.0)
+    lw = _lw(3.0, 3.0, 1.0, 1.0, 1.0)
+    w, truncated = tis_token_weights(lw, valid, c=2.0), tis_token_truncated(lw, valid, c=2.0)
     assert w.tolist()[0] == pytest.approx([2.0, 1.0, 1.0, 1.0, 1.0], abs=1e-6)
     assert truncated.tolist()[0] == [True, False, False, False, False]
 
