@@ -12,7 +12,8 @@ One compiled graph serves every batch: ``dynamic=True`` makes the sizes symbols,
 (denominator, valid tokens, valid rows) reach ``loss_terms`` as arguments, which dynamo keeps as
 symbols too (as attributes of ``PreparedBatch`` it would specialise on each value and recompile per
 batch). A new graph is compiled only for what changes the computation: another ``ObjectiveConfig``,
-a reference policy or none, a micro-batch of one row (sizes 0 and 1 are always specialised).
+a reference policy or none, ``proximal_is_current`` or not, a micro-batch of one row (sizes 0 and 1
+are always specialised).
 ``fullgraph=True``: a graph break would be a silent fall back to eager per op, so it is an error.
 """
 
